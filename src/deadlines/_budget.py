@@ -1,0 +1,211 @@
+"""`CallBudget`: one outbound call's limits, derived from a `Dependency` and the deadline.
+
+Every outbound integration (httpx, aiohttp, gRPC, Postgres, streams) uses this one
+object, so all of them agree on the rules: fail fast below `min_useful`; each phase
+limited by min(its cap, time left); time in the pool counts toward the total; an error
+says which limit was binding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from types import TracebackType
+from typing import Literal
+
+from . import _clock, _events, _scope
+from ._dependency import Dependency
+from ._errors import (
+    BudgetExhausted,
+    CallTimeout,
+    ConnectTimeout,
+    DeadlineExceeded,
+    HeadersTimeout,
+    IdleTimeout,
+    Phase,
+    PoolTimeout,
+    TotalTimeout,
+)
+from .wire import format_ms
+
+Limit = Literal["pool", "connect", "headers", "idle", "total"]
+_Source = Literal["cap", "total", "deadline"]
+
+_PHASE_OF: dict[Limit, Phase] = {
+    "pool": "pool",
+    "connect": "connect",
+    "headers": "headers",
+    "idle": "body",
+    "total": "body",
+}
+_CAP_ERROR: dict[Limit, type[CallTimeout]] = {
+    "pool": PoolTimeout,
+    "connect": ConnectTimeout,
+    "headers": HeadersTimeout,
+    "idle": IdleTimeout,
+    "total": TotalTimeout,
+}
+
+
+class CallBudget:
+    """The limits for one call, fixed when it starts. For integration authors.
+
+        budget = CallBudget(dependency)          # raises BudgetExhausted when too late
+        with budget:                             # reports start/finish to observers
+            wait = budget.limit("connect")       # seconds: min(cap, time left)
+            ...
+            raise budget.timeout("connect")      # the right error for what fired
+
+    The call's end is the earliest of the request's deadline and ``start + total``.
+    """
+
+    def __init__(self, dependency: Dependency) -> None:
+        self.dependency = dependency
+        self.start = _clock.now()
+        frame = _scope._frame.get()
+        self._request_end = math.inf if frame is None else frame.deadline.instant
+        self._request_budget = None if frame is None else frame.budget
+        self.budget = max(0.0, self._request_end - self.start)  # inf without a deadline
+        self.end = min(self._request_end, self.start + dependency.total)
+        self.pool_wait: float | None = None
+        self.request_sent = False
+        self._sources: dict[Limit, _Source] = {}
+        self._finished = False
+        if self.budget <= 0.0 or self.budget < dependency.min_useful:
+            exc = BudgetExhausted(
+                remaining=self.budget,
+                min_useful=dependency.min_useful,
+                dependency=dependency.name,
+            )
+            if _events.active():
+                _events.emit(
+                    _events.CallFinished(
+                        dependency.name,
+                        "budget_exhausted",
+                        0.0,
+                        self.budget,
+                        request_sent=False,
+                        error=exc,
+                    )
+                )
+            raise exc
+
+    def left(self) -> float:
+        """Seconds until the call's end (the deadline or the total cap), never negative."""
+        return max(0.0, self.end - _clock.now())
+
+    def limit(self, which: Limit) -> float:
+        """Seconds the phase `which` may take from now, and remember what bounds it."""
+        now = _clock.now()
+        cap = {
+            "pool": self.dependency.pool_wait,
+            "connect": self.dependency.connect,
+            "headers": self.dependency.headers,
+            "idle": self.dependency.idle,
+            "total": math.inf,
+        }[which]
+        own_total = self.start + self.dependency.total
+        candidates: list[tuple[float, int, _Source]] = [
+            (self._request_end, 0, "deadline"),  # ties go to the request's deadline
+            (own_total, 1, "total"),
+            (now + cap, 2, "cap"),
+        ]
+        end, _, source = min(candidates)
+        self._sources[which] = source
+        return max(0.0, end - now)
+
+    def header_ms(self) -> str:
+        """The remaining time to send onward (``x-request-timeout-ms``): until the call's end."""
+        return format_ms(self.left())
+
+    def timeout(self, which: Limit, *, request_sent: bool | None = None) -> TimeoutError:
+        """The error for phase `which` running out, naming the limit that was binding."""
+        phase = _PHASE_OF[which]
+        sent = (phase not in ("pool", "connect")) if request_sent is None else request_sent
+        elapsed = _clock.now() - self.start
+        source = self._sources.get(which, "cap")
+        name = self.dependency.name
+        if source == "deadline":
+            return DeadlineExceeded(
+                limit=self._request_budget,
+                elapsed=elapsed,
+                phase=phase,
+                dependency=name,
+                request_sent=sent,
+                pool_wait=self.pool_wait,
+            )
+        if source == "total":
+            return TotalTimeout(
+                limit=self.dependency.total,
+                elapsed=elapsed,
+                phase=phase,
+                dependency=name,
+                request_sent=sent,
+                pool_wait=self.pool_wait,
+            )
+        limit = {
+            "pool": self.dependency.pool_wait,
+            "connect": self.dependency.connect,
+            "headers": self.dependency.headers,
+            "idle": self.dependency.idle,
+            "total": self.dependency.total,
+        }[which]
+        return _CAP_ERROR[which](
+            limit=limit,
+            elapsed=elapsed,
+            dependency=name,
+            phase=phase,
+            request_sent=sent,
+            pool_wait=self.pool_wait,
+        )
+
+    # Reporting to observers (metrics, traces, logs).
+
+    def __enter__(self) -> CallBudget:
+        if _events.active():
+            _events.emit(_events.CallStarted(self.dependency.name, self.budget))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.finish(exc)
+
+    def finish(self, error: BaseException | None = None) -> None:
+        """Report the end of the call once (later calls are ignored)."""
+        if self._finished:
+            return
+        self._finished = True
+        if not _events.active():
+            return
+        outcome: _events.CallOutcome
+        phase: str | None = None
+        limit: float | None = None
+        if error is None:
+            outcome = "ok"
+        elif isinstance(error, BudgetExhausted):
+            outcome = "budget_exhausted"
+        elif isinstance(error, DeadlineExceeded):
+            outcome, phase, limit = "deadline", error.phase, error.limit
+        elif isinstance(error, CallTimeout):
+            outcome, phase, limit = "timeout", error.phase, error.limit
+        elif isinstance(error, asyncio.CancelledError | GeneratorExit):
+            outcome = "cancelled"
+        else:
+            outcome = "error"
+        _events.emit(
+            _events.CallFinished(
+                self.dependency.name,
+                outcome,
+                _clock.now() - self.start,
+                self.budget,
+                phase=phase,
+                pool_wait=self.pool_wait,
+                request_sent=self.request_sent,
+                limit=limit,
+                error=error,
+            )
+        )

@@ -1,0 +1,218 @@
+"""The request's deadline in a context variable, and the scope that sets and enforces it.
+
+`scope` only ever shrinks the deadline: entering takes the minimum of the current
+deadline and the new one. Its async form cancels the body at the instant (asyncio,
+or trio, including both under anyio) and raises `DeadlineExceeded`; its sync form sets
+the deadline for the code inside, which checks it with `check()`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import math
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+from . import _clock, _validate
+from ._deadline import Deadline
+from ._errors import DeadlineExceeded
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class _Frame:
+    """What the context holds: the deadline and how it was made, for error messages."""
+
+    deadline: Deadline
+    budget: float  # seconds the binding scope was given when it was entered
+    started: float  # clock reading when it was entered
+
+
+_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+    "deadlines.frame", default=None
+)
+
+
+def current() -> Deadline | None:
+    """The deadline of the current request or scope, or None when there is none."""
+    frame = _frame.get()
+    return None if frame is None else frame.deadline
+
+
+def remaining() -> float:
+    """Seconds left before the current deadline (never negative); `math.inf` without one."""
+    frame = _frame.get()
+    return math.inf if frame is None else frame.deadline.remaining()
+
+
+def check() -> None:
+    """Raise `DeadlineExceeded` if the current deadline has passed.
+
+    Sync code cannot be interrupted; call this between steps of long work.
+    """
+    frame = _frame.get()
+    if frame is not None and frame.deadline.expired:
+        raise _exceeded(frame)
+
+
+def carry(fn: Callable[P, R]) -> Callable[P, R]:
+    """Wrap `fn` to run in a copy of the current context, deadline included.
+
+    `asyncio.to_thread` copies the context by itself; `loop.run_in_executor`,
+    `ThreadPoolExecutor.submit` and `threading.Thread` do not. Pass `carry(fn)` to them.
+    """
+    context = contextvars.copy_context()
+
+    def carried(*args: P.args, **kwargs: P.kwargs) -> R:
+        return context.copy().run(fn, *args, **kwargs)
+
+    return carried
+
+
+def _exceeded(frame: _Frame) -> DeadlineExceeded:
+    return DeadlineExceeded(limit=frame.budget, elapsed=_clock.now() - frame.started)
+
+
+class scope:
+    """Run a block under a deadline: `seconds` from entry, or an absolute `deadline`.
+
+    The effective deadline is the earliest of the current one, `seconds` from entry and
+    `deadline`; with neither given, the block inherits the current deadline. As
+    `async with` the body is cancelled at the instant and `DeadlineExceeded` is raised
+    out of the scope whose deadline fired; a cancellation from elsewhere passes through
+    untouched. As `with` it only sets the deadline (see `check`).
+
+        async with deadlines.scope(2.0):
+            await fetch_price()       # cancelled when the 2 s are up
+
+    Tasks created inside the scope, and `asyncio.to_thread`, inherit its deadline.
+    """
+
+    __slots__ = ("_budget", "_canceller", "_deadline", "_entered", "_frame", "_token")
+
+    def __init__(
+        self, seconds: float | timedelta | None = None, *, deadline: Deadline | None = None
+    ) -> None:
+        self._budget = None if seconds is None else _validate.seconds(seconds, "seconds")
+        if deadline is not None and not isinstance(deadline, Deadline):
+            raise TypeError(f"deadline must be a Deadline, not {deadline!r}")
+        self._deadline = deadline
+        self._entered = False
+        self._frame: _Frame | None = None
+        self._token: contextvars.Token[_Frame | None] | None = None
+        self._canceller: _Canceller | None = None
+
+    @property
+    def deadline(self) -> Deadline | None:
+        """The effective deadline inside the block (None before entry or without one)."""
+        return None if self._frame is None else self._frame.deadline
+
+    def _enter(self) -> Deadline | None:
+        if self._entered:
+            raise RuntimeError("a deadlines.scope can be entered only once")
+        self._entered = True
+        outer = _frame.get()
+        start = _clock.now()
+        candidates = [] if outer is None else [outer]
+        if self._budget is not None:
+            candidates.append(_Frame(Deadline(start + self._budget), self._budget, start))
+        if self._deadline is not None:
+            budget = max(0.0, self._deadline.instant - start)
+            candidates.append(_Frame(self._deadline, budget, start))
+        if candidates:
+            self._frame = min(candidates, key=lambda f: f.deadline.instant)
+        self._token = _frame.set(self._frame)
+        return self.deadline
+
+    def _exit(self) -> None:
+        if self._token is not None:
+            _frame.reset(self._token)
+            self._token = None
+
+    def __enter__(self) -> Deadline | None:
+        return self._enter()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._exit()
+
+    async def __aenter__(self) -> Deadline | None:
+        deadline = self._enter()
+        if deadline is not None:
+            self._canceller = await _Canceller.start(deadline)
+        return deadline
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        try:
+            fired = self._canceller is not None and await self._canceller.stop(exc_type, exc, tb)
+        finally:
+            self._exit()
+        if fired:
+            assert self._frame is not None
+            raise _exceeded(self._frame) from None
+        return False
+
+
+class _Canceller:
+    """Cancels the current task at an instant: asyncio's Timeout or a trio CancelScope."""
+
+    __slots__ = ("_asyncio", "_trio")
+
+    def __init__(self) -> None:
+        self._asyncio: asyncio.Timeout | None = None
+        self._trio: Any = None
+
+    @classmethod
+    async def start(cls, deadline: Deadline) -> _Canceller:
+        self = cls()
+        trio = _running_trio()
+        if trio is not None:
+            self._trio = trio.CancelScope(deadline=trio.current_time() + deadline.remaining())
+            self._trio.__enter__()
+        else:
+            loop = asyncio.get_running_loop()
+            self._asyncio = asyncio.timeout_at(loop.time() + deadline.remaining())
+            await self._asyncio.__aenter__()
+        return self
+
+    async def stop(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        """Disarm; True when this canceller's own cancellation ended the body."""
+        if self._trio is not None:
+            self._trio.__exit__(exc_type, exc, tb)
+            return bool(self._trio.cancelled_caught)
+        assert self._asyncio is not None
+        try:
+            await self._asyncio.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            if self._asyncio.expired() and exc_type is asyncio.CancelledError:
+                return True
+            raise
+        return False
+
+
+def _running_trio() -> Any:
+    """The trio module if the current task runs under trio, else None (no import)."""
+    trio = sys.modules.get("trio")
+    if trio is None:
+        return None
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        return None
+    return trio

@@ -1,0 +1,30 @@
+"""Checks for time values given by users: numbers or timedeltas, finite, not negative."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+#: Anything longer than this is a mistake (a value in ms passed as seconds, say).
+ABSURD_SECONDS = 366 * 24 * 3600.0
+
+
+def seconds(value: float | timedelta, name: str, *, allow_zero: bool = True) -> float:
+    """Return `value` in seconds, or raise a `ValueError`/`TypeError` that names `name`."""
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds or a timedelta, not {value!r}")
+    result = float(value)
+    if math.isnan(result):
+        raise ValueError(f"{name} must be a number of seconds, not NaN")
+    if math.isinf(result):
+        raise ValueError(f"{name} must be finite, got {result}; no limit is not an option here")
+    if result < 0 or (result == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be {bound} seconds, got {result}")
+    if result > ABSURD_SECONDS:
+        raise ValueError(
+            f"{name} of {result} s is more than a year; did you pass milliseconds as seconds?"
+        )
+    return result

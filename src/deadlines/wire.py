@@ -1,0 +1,178 @@
+"""Wire codecs: the deadline travels between services as *time remaining*.
+
+Three headers are understood:
+
+* ``x-request-timeout-ms`` — ours: whole milliseconds remaining, rounded down;
+* ``grpc-timeout`` — gRPC's: 1–8 digits and a unit (``H M S m u n``);
+* ``x-envoy-expected-rq-timeout-ms`` — set by Envoy on requests it forwards.
+
+Parsers never raise: anything that is not a valid value is ignored, and a server
+that gets no valid value falls back to its own default. A caller can never extend a
+server's own maximum.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from . import _validate
+
+HEADER = "x-request-timeout-ms"
+GRPC_HEADER = "grpc-timeout"
+ENVOY_HEADER = "x-envoy-expected-rq-timeout-ms"
+
+#: Header names `inbound_budget` reads, lower-case.
+KNOWN_HEADERS: tuple[str, ...] = (HEADER, GRPC_HEADER, ENVOY_HEADER)
+
+_MAX_MS_DIGITS = 12  # about 31 years in ms; longer is garbage, not a budget
+_GRPC_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_DIGITS = frozenset("0123456789")
+
+HeadersLike = Mapping[str, str] | Mapping[bytes, bytes] | Iterable[tuple[bytes, bytes]] | Any
+
+
+def _text(value: str | bytes) -> str | None:
+    if isinstance(value, bytes | bytearray):
+        try:
+            return bytes(value).decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    return value if isinstance(value, str) else None
+
+
+def _is_digits(text: str) -> bool:
+    # str.isdigit() accepts "²" and Arabic-Indic digits; the wire allows ASCII only.
+    return bool(text) and all(ch in _DIGITS for ch in text)
+
+
+def parse_ms(value: str | bytes) -> float | None:
+    """Seconds from a milliseconds header value (ours or Envoy's), or None if invalid.
+
+    Valid is plain ASCII decimal digits, nothing else: no sign, space, point, exponent.
+    """
+    text = _text(value)
+    if text is None or not _is_digits(text) or len(text) > _MAX_MS_DIGITS:
+        return None
+    return int(text) / 1000.0
+
+
+def format_ms(seconds: float) -> str:
+    """Whole milliseconds remaining, rounded down, never negative."""
+    if math.isnan(seconds) or seconds <= 0:
+        return "0"
+    return str(math.floor(seconds * 1000.0))
+
+
+def parse_grpc_timeout(value: str | bytes) -> float | None:
+    """Seconds from a ``grpc-timeout`` value such as ``1450m``, or None if invalid.
+
+    The grammar is 1 to 8 ASCII digits followed by one of ``H M S m u n``.
+    """
+    text = _text(value)
+    if text is None or len(text) < 2 or len(text) > 9:
+        return None
+    digits, unit = text[:-1], text[-1]
+    if unit not in _GRPC_UNITS or not _is_digits(digits):
+        return None
+    return int(digits) * _GRPC_UNITS[unit]
+
+
+def format_grpc_timeout(seconds: float) -> str:
+    """A ``grpc-timeout`` value for `seconds`, in the finest unit that fits 8 digits.
+
+    Rounds down, so the receiver never gets more time than the sender had.
+    """
+    if math.isnan(seconds) or seconds <= 0:
+        return "0n"
+    for unit in ("n", "u", "m", "S", "M", "H"):
+        amount = math.floor(seconds / _GRPC_UNITS[unit])
+        if amount < 100_000_000:
+            return f"{amount}{unit}"
+    return "99999999H"
+
+
+def _parser(name: str) -> Any:
+    return parse_grpc_timeout if name == GRPC_HEADER else parse_ms
+
+
+def _values(headers: HeadersLike, name: str) -> list[str | bytes]:
+    """Every value of header `name` (case-insensitive), from any common headers shape."""
+    for getter in ("getall", "getlist", "get_all"):  # multidict, Starlette, email/wsgiref
+        method = getattr(headers, getter, None)
+        if method is not None:
+            try:
+                found = method(name)
+            except KeyError:
+                found = []
+            if found or not isinstance(headers, Mapping):
+                return list(found or [])
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    wanted = name.encode()
+    out: list[str | bytes] = []
+    for pair in pairs:
+        try:
+            key, value = pair
+        except (TypeError, ValueError):
+            continue
+        if isinstance(key, bytes | bytearray):
+            match = bytes(key).lower() == wanted
+        else:
+            match = isinstance(key, str) and key.lower() == name
+        if match:
+            out.append(value)
+    return out
+
+
+def _split(value: object) -> list[str | bytes]:
+    # A proxy may fold repeated headers into one, comma-separated.
+    if isinstance(value, bytes | bytearray):
+        return [part.strip() for part in bytes(value).split(b",")]
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",")]
+    return []
+
+
+def header_budget(headers: HeadersLike) -> float | None:
+    """The smallest valid remaining time, in seconds, among the known headers, or None."""
+    best: float | None = None
+    for name in KNOWN_HEADERS:
+        parse = _parser(name)
+        for value in _values(headers, name):
+            for part in _split(value):
+                seconds = parse(part)
+                if seconds is not None and (best is None or seconds < best):
+                    best = seconds
+    return best
+
+
+def inbound_budget(
+    headers: HeadersLike,
+    *,
+    default: float,
+    maximum: float,
+    reserve: float = 0.0,
+) -> float:
+    """Seconds this server may spend on a request, from its headers and its own limits.
+
+    The smallest valid value among the known headers, capped at `maximum` (a caller
+    can never extend the server's own limit), or `default` when none is valid; minus
+    `reserve` for the time on the wire and for writing the reply. Never negative:
+    0.0 means the request arrived already expired.
+
+    `headers` may be ASGI-style ``(bytes, bytes)`` pairs or a mapping of str or bytes.
+    """
+    default = _validate.seconds(default, "default")
+    maximum = _validate.seconds(maximum, "maximum")
+    reserve = _validate.seconds(reserve, "reserve")
+    if default > maximum:
+        raise ValueError(f"default ({default} s) must not exceed maximum ({maximum} s)")
+    found = header_budget(headers)
+    budget = default if found is None else min(found, maximum)
+    return max(0.0, budget - reserve)
+
+
+def outbound_headers(seconds: float) -> dict[str, str]:
+    """The header that tells the next hop it has `seconds` left."""
+    return {HEADER: format_ms(seconds)}
