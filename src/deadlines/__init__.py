@@ -15,7 +15,8 @@ Core needs only the standard library; integrations live in their own modules
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
+from importlib.metadata import version as _version
 
 from ._budget import CallBudget
 from ._deadline import Deadline
@@ -46,8 +47,8 @@ from ._events import (
 from ._scope import carry, check, current, remaining, scope
 
 try:
-    __version__ = version("deadlines")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    __version__ = _version("deadlines")
+except _PackageNotFoundError:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0"
 
 __all__ = [
