@@ -1,0 +1,41 @@
+"""Never executed: type-checked by mypy in CI to pin the public surface's types."""
+
+from __future__ import annotations
+
+import math
+from datetime import timedelta
+
+import deadlines
+from deadlines import CallBudget, Deadline, Dependency, Retry, wire
+
+
+async def surface() -> None:
+    d: Deadline = Deadline.after(1.5)
+    d2: Deadline = Deadline.after(timedelta(seconds=1))
+    left: float = d.remaining()
+    ms: int = d2.remaining_ms()
+    wall: float = d.to_wall()
+    back: Deadline = Deadline.from_wall(wall)
+    earliest: Deadline = min(d, back)
+    now: Deadline | None = deadlines.current()
+    rest: float = deadlines.remaining()
+    assert rest <= math.inf and left >= 0 and ms >= 0 and earliest and now is None
+    async with deadlines.scope(2.0) as inner:
+        maybe: Deadline | None = inner
+        assert maybe is not None
+    with deadlines.scope(deadline=d):
+        deadlines.check()
+    dep = Dependency("pricing", connect=timedelta(seconds=1), total=0.5, retry=Retry())
+    budget = CallBudget(dep)
+    seconds: float = budget.limit("headers")
+    err: TimeoutError = budget.timeout("connect", request_sent=False)
+    header: str = budget.header_ms()
+    assert seconds and err and header
+    value: float = wire.inbound_budget({"x-request-timeout-ms": "100"}, default=1, maximum=2)
+    parsed: float | None = wire.parse_grpc_timeout(b"100m")
+    assert value and parsed
+    unsubscribe = deadlines.observe(lambda event: None)
+    unsubscribe()
+    fn = deadlines.carry(len)
+    n: int = fn("abc")
+    assert n
