@@ -45,6 +45,7 @@ from ._events import (
     observe,
 )
 from ._scope import carry, check, current, remaining, scope
+from .streams import FirstItemTimeout, StreamIdleTimeout
 
 try:
     __version__ = _version("deadlines")
@@ -65,6 +66,7 @@ __all__ = [
     "DeadlinesError",
     "Dependency",
     "Event",
+    "FirstItemTimeout",
     "HeadersTimeout",
     "IdleTimeout",
     "JobDropped",
@@ -74,6 +76,7 @@ __all__ = [
     "RequestFinished",
     "RequestStarted",
     "Retry",
+    "StreamIdleTimeout",
     "TotalTimeout",
     "__version__",
     "carry",
