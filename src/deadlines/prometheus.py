@@ -1,0 +1,405 @@
+"""Prometheus metrics for deadlines: timeouts per dependency and phase, pool wait, in-flight.
+
+    from deadlines import prometheus
+
+    metrics = prometheus.install()          # the default registry; once per process
+    ...
+    metrics.uninstall()                     # or: with prometheus.install(registry): ...
+
+`install` subscribes to the event stream that `CallBudget` and the integrations report
+to and keeps these series (all names are stable; see docs/metrics.md):
+
+| name | type | labels |
+|---|---|---|
+| `deadlines_outbound_calls_total` | counter | dependency, outcome |
+| `deadlines_outbound_timeouts_total` | counter | dependency, phase |
+| `deadlines_outbound_fail_fast_total` | counter | dependency |
+| `deadlines_outbound_duration_seconds` | histogram | dependency, outcome |
+| `deadlines_outbound_pool_wait_seconds` | histogram | dependency |
+| `deadlines_outbound_budget_seconds` | histogram | dependency |
+| `deadlines_outbound_in_flight` | gauge | dependency |
+| `deadlines_inbound_requests_total` | counter | route, outcome |
+| `deadlines_inbound_caller_left_total` | counter | route |
+| `deadlines_inbound_budget_seconds` | histogram | route |
+| `deadlines_inbound_in_flight` | gauge | route |
+| `deadlines_jobs_expired_total` | counter | queue |
+
+Labels stay low-cardinality: `outcome` and `phase` come from fixed sets; `dependency`
+is `Dependency.name`, `route` the integration's route template, `queue` the queue name.
+As a guard, each of those three keeps at most `max_label_values` distinct values and
+folds any further ones into ``"other"`` (with one warning on the "deadlines" logger).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from itertools import pairwise
+from types import TracebackType
+from typing import Any, Final
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+
+from . import _events, _validate
+
+__all__ = ["DEFAULT_BUCKETS", "OVERFLOW_LABEL", "Metrics", "install"]
+
+#: Histogram buckets in seconds: from a 1 ms pool wait up to the default 30 s total cap.
+DEFAULT_BUCKETS: Final[tuple[float, ...]] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+#: The label value that stands for every value beyond `max_label_values`.
+OVERFLOW_LABEL: Final = "other"
+
+_PHASES: Final = frozenset({"pool", "connect", "headers", "body"})
+_CALL_OUTCOMES: Final = frozenset(
+    {"ok", "timeout", "deadline", "budget_exhausted", "cancelled", "error"}
+)
+_REQUEST_OUTCOMES: Final = frozenset({"ok", "deadline", "caller_left", "budget_exhausted", "error"})
+_log = logging.getLogger("deadlines")
+
+
+class _Labels:
+    """Admits at most `limit` distinct values of one label; later ones become "other"."""
+
+    def __init__(self, kind: str, limit: int) -> None:
+        self._kind = kind
+        self._limit = limit
+        self._seen: set[str] = set()
+        self._warned = False
+
+    def __call__(self, value: str) -> str:
+        if value in self._seen:
+            return value
+        if len(self._seen) < self._limit:
+            self._seen.add(value)
+            return value
+        if not self._warned:
+            self._warned = True
+            _log.warning(
+                "deadlines metrics: more than %d distinct %s label values; folding %r and"
+                " later ones into %r (use a name or route template, not a URL or path)",
+                self._limit,
+                self._kind,
+                value,
+                OVERFLOW_LABEL,
+            )
+        return OVERFLOW_LABEL
+
+
+def _started(event: _events.CallFinished) -> bool:
+    """Whether a `CallStarted` preceded this event (so in-flight must come down).
+
+    `CallBudget` reports a fail-fast from its constructor, before raising and without
+    a `CallStarted`: that event's error has no traceback yet. A call that ran out of
+    budget later inside the ``with`` block reports an error that was raised.
+    """
+    if event.outcome != "budget_exhausted":
+        return True
+    return event.error is not None and event.error.__traceback__ is not None
+
+
+def _outcome(event: _events.CallFinished) -> str:
+    """The outcome to count, with cancellations told apart from errors and deadlines.
+
+    `deadlines.scope` stops the work under it by cancelling it, so a call that the
+    request's deadline cut short ends with a cancellation, not a `DeadlineExceeded`:
+    count it as "deadline" when the deadline had passed (its phase is then unknown).
+    A cancellation that `CallBudget` cannot name (trio's) is a cancellation, not an error.
+    """
+    outcome = event.outcome if event.outcome in _CALL_OUTCOMES else "error"
+    if outcome == "error" and event.error is not None and not isinstance(event.error, Exception):
+        outcome = "cancelled"
+    if outcome == "cancelled" and event.duration >= event.budget:
+        outcome = "deadline"
+    return outcome
+
+
+class _Group(Collector):
+    """All the metrics as one collector, so registering is all-or-nothing."""
+
+    def __init__(self, metrics: Sequence[MetricWrapperBase]) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterable[Any]:
+        for metric in self._metrics:
+            yield from metric.collect()
+
+    def describe(self) -> Iterable[Any]:
+        for metric in self._metrics:
+            yield from metric.describe()
+
+
+class Metrics:
+    """The deadlines metrics in one registry, fed by the event stream until `uninstall`.
+
+    Made by `install`. The metric objects are attributes (`outbound_calls`,
+    `outbound_timeouts`, ...) for reading in tests; the library updates them.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        buckets: Sequence[float],
+        max_label_values: int,
+    ) -> None:
+        self.registry = registry
+        s = "seconds"
+        self.outbound_calls = Counter(
+            "deadlines_outbound_calls",
+            "Outbound calls that ended, by dependency and outcome"
+            " (ok, timeout, deadline, budget_exhausted, cancelled, error).",
+            ["dependency", "outcome"],
+            registry=None,
+        )
+        self.outbound_timeouts = Counter(
+            "deadlines_outbound_timeouts",
+            "Outbound calls that timed out (own cap or request deadline), by phase"
+            " (pool, connect, headers, body).",
+            ["dependency", "phase"],
+            registry=None,
+        )
+        self.outbound_fail_fast = Counter(
+            "deadlines_outbound_fail_fast",
+            "Outbound calls not made: less budget left than the dependency's min_useful.",
+            ["dependency"],
+            registry=None,
+        )
+        self.outbound_duration = Histogram(
+            "deadlines_outbound_duration",
+            "Whole outbound call as the caller saw it, pool wait included.",
+            ["dependency", "outcome"],
+            unit=s,
+            buckets=buckets,
+            registry=None,
+        )
+        self.outbound_pool_wait = Histogram(
+            "deadlines_outbound_pool_wait",
+            "Time waiting for a free pooled connection, apart from server time.",
+            ["dependency"],
+            unit=s,
+            buckets=buckets,
+            registry=None,
+        )
+        self.outbound_budget = Histogram(
+            "deadlines_outbound_budget",
+            "Request budget left when an outbound call started (calls with a deadline).",
+            ["dependency"],
+            unit=s,
+            buckets=buckets,
+            registry=None,
+        )
+        self.outbound_in_flight = Gauge(
+            "deadlines_outbound_in_flight",
+            "Outbound calls in progress. Rises before anything else does.",
+            ["dependency"],
+            registry=None,
+            multiprocess_mode="livesum",
+        )
+        self.inbound_requests = Counter(
+            "deadlines_inbound_requests",
+            "Inbound requests that ended, by route template and outcome"
+            " (ok, deadline, caller_left, budget_exhausted, error).",
+            ["route", "outcome"],
+            registry=None,
+        )
+        self.inbound_caller_left = Counter(
+            "deadlines_inbound_caller_left",
+            "Inbound requests whose caller disconnected; the work under them was stopped.",
+            ["route"],
+            registry=None,
+        )
+        self.inbound_budget = Histogram(
+            "deadlines_inbound_budget",
+            "Budget an inbound request arrived with (header, capped, minus reserve).",
+            ["route"],
+            unit=s,
+            buckets=buckets,
+            registry=None,
+        )
+        self.inbound_in_flight = Gauge(
+            "deadlines_inbound_in_flight",
+            "Inbound requests in progress, by route template.",
+            ["route"],
+            registry=None,
+            multiprocess_mode="livesum",
+        )
+        self.jobs_expired = Counter(
+            "deadlines_jobs_expired",
+            "Queued jobs dropped unrun because their deadline had passed.",
+            ["queue"],
+            registry=None,
+        )
+        self._group = _Group(
+            [
+                self.outbound_calls,
+                self.outbound_timeouts,
+                self.outbound_fail_fast,
+                self.outbound_duration,
+                self.outbound_pool_wait,
+                self.outbound_budget,
+                self.outbound_in_flight,
+                self.inbound_requests,
+                self.inbound_caller_left,
+                self.inbound_budget,
+                self.inbound_in_flight,
+                self.jobs_expired,
+            ]
+        )
+        self._dependency = _Labels("dependency", max_label_values)
+        self._route = _Labels("route", max_label_values)
+        self._queue = _Labels("queue", max_label_values)
+        self._lock = threading.Lock()
+        self._calls_in_flight: dict[str, int] = {}
+        self._requests_in_flight: dict[str, int] = {}
+        # Labelled children, cached: `.labels()` takes a lock and builds a tuple each time.
+        self._children: dict[tuple[object, ...], Any] = {}
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def _child(self, metric: MetricWrapperBase, *values: str) -> Any:
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
+    def _start(self) -> None:
+        try:
+            self.registry.register(self._group)
+        except ValueError as exc:
+            raise ValueError(
+                "deadlines metrics are already registered in this registry; uninstall()"
+                " the first installation or pass another registry"
+            ) from exc
+        self._unsubscribe = _events.observe(self._observe)
+
+    def uninstall(self) -> None:
+        """Stop recording and remove the metrics from the registry (idempotent)."""
+        if self._unsubscribe is None:
+            return
+        self._unsubscribe()
+        self._unsubscribe = None
+        self.registry.unregister(self._group)
+
+    def __enter__(self) -> Metrics:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.uninstall()
+
+    # The observer: runs inline on every call, so it does little and never raises.
+
+    def _observe(self, event: _events.Event) -> None:
+        if isinstance(event, _events.CallStarted):
+            dep = self._dependency(event.dependency)
+            self._move(self._calls_in_flight, self.outbound_in_flight, dep, 1)
+        elif isinstance(event, _events.CallFinished):
+            self._call_finished(event)
+        elif isinstance(event, _events.RequestStarted):
+            route = self._route(event.route)
+            self._move(self._requests_in_flight, self.inbound_in_flight, route, 1)
+            if math.isfinite(event.budget):
+                self._child(self.inbound_budget, route).observe(event.budget)
+        elif isinstance(event, _events.RequestFinished):
+            self._request_finished(event)
+        elif isinstance(event, _events.JobDropped):
+            self._child(self.jobs_expired, self._queue(event.queue)).inc()
+
+    def _call_finished(self, event: _events.CallFinished) -> None:
+        dep = self._dependency(event.dependency)
+        outcome = _outcome(event)
+        if _started(event):
+            self._move(self._calls_in_flight, self.outbound_in_flight, dep, -1)
+        self._child(self.outbound_calls, dep, outcome).inc()
+        self._child(self.outbound_duration, dep, outcome).observe(event.duration)
+        if event.pool_wait is not None:
+            self._child(self.outbound_pool_wait, dep).observe(event.pool_wait)
+        if math.isfinite(event.budget):
+            self._child(self.outbound_budget, dep).observe(event.budget)
+        if outcome in ("timeout", "deadline"):
+            phase = event.phase if event.phase in _PHASES else "unknown"
+            self._child(self.outbound_timeouts, dep, phase).inc()
+        elif outcome == "budget_exhausted":
+            self._child(self.outbound_fail_fast, dep).inc()
+
+    def _request_finished(self, event: _events.RequestFinished) -> None:
+        route = self._route(event.route)
+        outcome = event.outcome if event.outcome in _REQUEST_OUTCOMES else "error"
+        self._move(self._requests_in_flight, self.inbound_in_flight, route, -1)
+        self._child(self.inbound_requests, route, outcome).inc()
+        if outcome == "caller_left":
+            self._child(self.inbound_caller_left, route).inc()
+
+    def _move(self, counts: dict[str, int], gauge: Gauge, label: str, step: int) -> None:
+        """Count in-flight by label, never below zero (calls that began before install)."""
+        with self._lock:
+            value = max(0, counts.get(label, 0) + step)
+            counts[label] = value
+            self._child(gauge, label).set(value)
+
+
+def install(
+    registry: CollectorRegistry | None = None,
+    *,
+    buckets: Sequence[float | timedelta] = DEFAULT_BUCKETS,
+    max_label_values: int = 100,
+) -> Metrics:
+    """Register the deadlines metrics in `registry` and start recording them.
+
+    Args:
+        registry: Where to register; `prometheus_client.REGISTRY` by default.
+        buckets: Upper bounds in seconds for every ``_seconds`` histogram, increasing.
+        max_label_values: Distinct dependency, route and queue values kept per label;
+            further values are counted under ``"other"``.
+
+    Returns the `Metrics` handle; call `uninstall()` (or use it in a ``with``) to stop.
+    Raises `ValueError` if the metrics are already registered in `registry`.
+    """
+    if isinstance(max_label_values, bool) or not isinstance(max_label_values, int):
+        raise TypeError(f"max_label_values must be an int, not {max_label_values!r}")
+    if max_label_values < 1:
+        raise ValueError(f"max_label_values must be >= 1, got {max_label_values}")
+    metrics = Metrics(
+        REGISTRY if registry is None else registry,
+        buckets=_buckets(buckets),
+        max_label_values=max_label_values,
+    )
+    metrics._start()
+    return metrics
+
+
+def _buckets(values: Sequence[float | timedelta]) -> tuple[float, ...]:
+    """Validated, strictly increasing bucket bounds in seconds."""
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
+        raise TypeError(f"buckets must be a sequence of seconds, not {values!r}")
+    bounds = tuple(_validate.seconds(v, "each bucket", allow_zero=False) for v in values)
+    if not bounds:
+        raise ValueError("buckets must not be empty")
+    if any(b >= c for b, c in pairwise(bounds)):
+        raise ValueError(f"buckets must be strictly increasing, got {bounds}")
+    return bounds

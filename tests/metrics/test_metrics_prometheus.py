@@ -1,0 +1,314 @@
+"""deadlines.prometheus: real calls to misbehaving loopback servers, read back by scraping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import pytest
+from metrics_net import Blackhole, HttpServer, TinyClient, scrape, value
+from prometheus_client import CollectorRegistry
+
+import deadlines
+from deadlines import (
+    BudgetExhausted,
+    CallFinished,
+    CallStarted,
+    ConnectTimeout,
+    DeadlineExceeded,
+    Dependency,
+    HeadersTimeout,
+    JobDropped,
+    PoolTimeout,
+    RequestFinished,
+    RequestStarted,
+    prometheus,
+)
+from deadlines._events import emit
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    """A fresh registry with the deadlines metrics installed, removed afterwards."""
+    reg = CollectorRegistry()
+    with prometheus.install(reg):
+        yield reg
+
+
+@pytest.mark.realtime
+async def test_hung_dependency_raises_in_flight_then_headers_timeouts(
+    registry: CollectorRegistry,
+) -> None:
+    """Calls hanging on a silent server show in flight, then as headers timeouts."""
+    dep = Dependency("inventory", headers=0.6, total=5)
+    async with HttpServer(delay=None) as server:
+        client = TinyClient(dep, server.port)
+        calls = [asyncio.create_task(client.get()) for _ in range(3)]
+        await server.wait_requests(3)
+        hanging = scrape(registry)
+        results = await asyncio.gather(*calls, return_exceptions=True)
+    assert value(hanging, "deadlines_outbound_in_flight", dependency="inventory") == 3
+    assert (
+        value(hanging, "deadlines_outbound_calls_total", dependency="inventory", outcome="ok")
+        is None
+    )
+    assert all(isinstance(r, HeadersTimeout) for r in results), results
+    after = scrape(registry)
+    assert value(after, "deadlines_outbound_in_flight", dependency="inventory") == 0
+    timeouts = value(
+        after, "deadlines_outbound_timeouts_total", dependency="inventory", phase="headers"
+    )
+    assert timeouts == 3
+    assert (
+        value(after, "deadlines_outbound_calls_total", dependency="inventory", outcome="timeout")
+        == 3
+    )
+    count = value(
+        after,
+        "deadlines_outbound_duration_seconds_count",
+        dependency="inventory",
+        outcome="timeout",
+    )
+    total = value(
+        after, "deadlines_outbound_duration_seconds_sum", dependency="inventory", outcome="timeout"
+    )
+    assert count == 3
+    assert total is not None and 3 * 0.59 <= total <= 3 * (0.6 + 0.5)
+    # Nothing was in the pool: every call got a connection at once.
+    assert (
+        value(
+            after, "deadlines_outbound_pool_wait_seconds_bucket", dependency="inventory", le="0.1"
+        )
+        == 3
+    )
+
+
+@pytest.mark.realtime
+async def test_full_pool_shows_in_pool_wait_apart_from_server_time(
+    registry: CollectorRegistry,
+) -> None:
+    """With one connection, the second call waits in the pool; the histogram says so."""
+    server_time = 0.4
+    dep = Dependency("pricing", pool_size=1, pool_wait=5, headers=5)
+    async with HttpServer(delay=server_time) as server:
+        client = TinyClient(dep, server.port)
+        results = await asyncio.gather(client.get(), client.get())
+    assert all(r.endswith(b"ok") for r in results)
+    s = scrape(registry)
+    wait = {"dependency": "pricing"}
+    assert value(s, "deadlines_outbound_pool_wait_seconds_count", **wait) == 2
+    assert value(s, "deadlines_outbound_pool_wait_seconds_bucket", **wait, le="0.1") == 1
+    assert value(s, "deadlines_outbound_pool_wait_seconds_bucket", **wait, le="0.25") == 1
+    pool_wait = value(s, "deadlines_outbound_pool_wait_seconds_sum", **wait)
+    assert pool_wait is not None and server_time - 0.01 <= pool_wait <= server_time + 0.5
+    ok = {"dependency": "pricing", "outcome": "ok"}
+    duration = value(s, "deadlines_outbound_duration_seconds_sum", **ok)
+    assert duration is not None
+    # Duration includes the pool; what is left is two calls' worth of server time.
+    assert 2 * server_time - 0.02 <= duration - pool_wait <= 2 * server_time + 0.8
+    assert not any(name == "deadlines_outbound_timeouts_total" for name, _ in s)
+
+
+@pytest.mark.realtime
+async def test_pool_timeout_is_counted_in_phase_pool(registry: CollectorRegistry) -> None:
+    """A call that finds the pool held by a hung call times out in phase pool."""
+    dep = Dependency("search", pool_size=1, pool_wait=0.15, headers=0.8)
+    async with HttpServer(delay=None) as server:
+        client = TinyClient(dep, server.port)
+        first = asyncio.create_task(client.get())
+        await server.wait_requests(1)
+        with pytest.raises(PoolTimeout) as info:
+            await client.get()
+        with pytest.raises(HeadersTimeout):
+            await first
+    assert info.value.request_sent is False
+    s = scrape(registry)
+    assert value(s, "deadlines_outbound_timeouts_total", dependency="search", phase="pool") == 1
+    assert value(s, "deadlines_outbound_timeouts_total", dependency="search", phase="headers") == 1
+    assert (
+        value(s, "deadlines_outbound_pool_wait_seconds_bucket", dependency="search", le="0.1") == 1
+    )
+    assert (
+        value(s, "deadlines_outbound_pool_wait_seconds_bucket", dependency="search", le="0.25") == 2
+    )
+
+
+@pytest.mark.realtime
+async def test_blackhole_connect_timeout(registry: CollectorRegistry) -> None:
+    """A connect into a full accept queue times out in phase connect."""
+    dep = Dependency("ledger", connect=0.2)
+    with Blackhole() as hole, pytest.raises(ConnectTimeout):
+        await TinyClient(dep, hole.port).get()
+    s = scrape(registry)
+    assert value(s, "deadlines_outbound_timeouts_total", dependency="ledger", phase="connect") == 1
+    assert value(s, "deadlines_outbound_in_flight", dependency="ledger") == 0
+
+
+@pytest.mark.realtime
+async def test_request_deadline_binding_the_call_is_a_deadline_timeout(
+    registry: CollectorRegistry,
+) -> None:
+    """When the request's deadline is the binding limit, the outcome is deadline."""
+    dep = Dependency("profile", headers=10)
+    async with HttpServer(delay=None) as server:
+        client = TinyClient(dep, server.port)
+        # The call's own wait fires at the deadline: it knows the phase.
+        with deadlines.scope(0.3), pytest.raises(DeadlineExceeded) as info:
+            await client.get()
+        # The scope cancels the call at the deadline: the phase is unknown.
+        with pytest.raises(DeadlineExceeded):
+            async with deadlines.scope(0.3):
+                await client.get()
+    assert info.value.phase == "headers"
+    s = scrape(registry)
+    assert value(s, "deadlines_outbound_calls_total", dependency="profile", outcome="deadline") == 2
+    assert (
+        value(s, "deadlines_outbound_calls_total", dependency="profile", outcome="cancelled")
+        is None
+    )
+    assert value(s, "deadlines_outbound_timeouts_total", dependency="profile", phase="headers") == 1
+    assert value(s, "deadlines_outbound_timeouts_total", dependency="profile", phase="unknown") == 1
+    assert value(s, "deadlines_outbound_budget_seconds_count", dependency="profile") == 2
+    left = value(s, "deadlines_outbound_budget_seconds_sum", dependency="profile")
+    assert left is not None and 0.0 < left <= 0.6
+    assert value(s, "deadlines_outbound_in_flight", dependency="profile") == 0
+
+
+async def test_cancelled_before_the_deadline_stays_cancelled(registry: CollectorRegistry) -> None:
+    """A call cancelled early (caller left) is counted as cancelled, not as a timeout."""
+    dep = Dependency("profile", headers=10)
+    async with HttpServer(delay=None) as server:
+        call = asyncio.create_task(TinyClient(dep, server.port).get())
+        await server.wait_requests(1)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+    s = scrape(registry)
+    assert (
+        value(s, "deadlines_outbound_calls_total", dependency="profile", outcome="cancelled") == 1
+    )
+    assert not any(name == "deadlines_outbound_timeouts_total" for name, _ in s)
+
+
+async def test_fail_fast_counts_and_leaves_in_flight_alone(registry: CollectorRegistry) -> None:
+    """A call refused for lack of budget is a fail-fast, never an in-flight call."""
+    dep = Dependency("recs", min_useful=0.5)
+    async with HttpServer(delay=0) as server:
+        client = TinyClient(dep, server.port)
+        await client.get()
+        with deadlines.scope(0.1), pytest.raises(BudgetExhausted):
+            await client.get()
+    assert server.requests == 1
+    s = scrape(registry)
+    assert value(s, "deadlines_outbound_fail_fast_total", dependency="recs") == 1
+    assert (
+        value(s, "deadlines_outbound_calls_total", dependency="recs", outcome="budget_exhausted")
+        == 1
+    )
+    assert value(s, "deadlines_outbound_calls_total", dependency="recs", outcome="ok") == 1
+    assert value(s, "deadlines_outbound_in_flight", dependency="recs") == 0
+
+
+def test_inbound_and_job_events_become_series(registry: CollectorRegistry) -> None:
+    """Request and job events feed the inbound counters, gauges and budget histogram."""
+    emit(RequestStarted("/orders/{id}", 1.45))
+    emit(RequestStarted("/orders/{id}", 0.9))
+    mid = scrape(registry)
+    emit(RequestFinished("/orders/{id}", "ok", 0.1, 1.45))
+    emit(RequestFinished("/orders/{id}", "caller_left", 0.2, 0.9))
+    emit(JobDropped("emails", 3.0))
+    s = scrape(registry)
+    route = {"route": "/orders/{id}"}
+    assert value(mid, "deadlines_inbound_in_flight", **route) == 2
+    assert value(s, "deadlines_inbound_in_flight", **route) == 0
+    assert value(s, "deadlines_inbound_requests_total", **route, outcome="caller_left") == 1
+    assert value(s, "deadlines_inbound_caller_left_total", **route) == 1
+    assert value(s, "deadlines_inbound_budget_seconds_count", **route) == 2
+    assert value(s, "deadlines_inbound_budget_seconds_sum", **route) == pytest.approx(2.35)
+    assert value(s, "deadlines_inbound_budget_seconds_bucket", **route, le="1.0") == 1
+    assert value(s, "deadlines_jobs_expired_total", queue="emails") == 1
+
+
+def test_label_values_are_capped(caplog: pytest.LogCaptureFixture) -> None:
+    """Past `max_label_values`, new dependency names fold into "other", with one warning."""
+    reg = CollectorRegistry()
+    with caplog.at_level(logging.WARNING, "deadlines"), prometheus.install(reg, max_label_values=3):
+        for i in range(10):
+            emit(CallStarted(f"https://api/users/{i}", 1.0))
+            emit(CallFinished(f"https://api/users/{i}", "ok", 0.01, 1.0))
+        s = scrape(reg)
+    deps = {
+        dict(labels)["dependency"] for name, labels in s if name == "deadlines_outbound_calls_total"
+    }
+    assert deps == {"https://api/users/0", "https://api/users/1", "https://api/users/2", "other"}
+    assert value(s, "deadlines_outbound_calls_total", dependency="other", outcome="ok") == 7
+    assert value(s, "deadlines_outbound_in_flight", dependency="other") == 0
+    assert len([r for r in caplog.records if "distinct dependency" in r.getMessage()]) == 1
+
+
+def test_unknown_phase_and_unstarted_finish_are_bounded(registry: CollectorRegistry) -> None:
+    """Odd events never add label values or push in-flight below zero."""
+    emit(CallFinished("x", "timeout", 0.1, 1.0, phase="weird"))
+    emit(CallFinished("x", "deadline", 0.1, 1.0))
+    s = scrape(registry)
+    assert value(s, "deadlines_outbound_timeouts_total", dependency="x", phase="unknown") == 2
+    assert value(s, "deadlines_outbound_in_flight", dependency="x") == 0
+
+
+def test_uninstall_unregisters_and_stops_recording() -> None:
+    """After uninstall the registry is empty and events are ignored; reinstall works."""
+    reg = CollectorRegistry()
+    metrics = prometheus.install(reg)
+    emit(JobDropped("q", 1.0))
+    metrics.uninstall()
+    metrics.uninstall()
+    emit(JobDropped("q", 1.0))
+    assert scrape(reg) == {}
+    with prometheus.install(reg) as again:
+        emit(JobDropped("q", 1.0))
+        assert value(scrape(reg), "deadlines_jobs_expired_total", queue="q") == 1
+        assert again.jobs_expired.labels("q")._value.get() == 1
+
+
+def test_second_install_in_one_registry_is_refused(registry: CollectorRegistry) -> None:
+    """Installing twice into the same registry raises a clear error and changes nothing."""
+    with pytest.raises(ValueError, match="already registered"):
+        prometheus.install(registry)
+    emit(JobDropped("q", 1.0))
+    assert value(scrape(registry), "deadlines_jobs_expired_total", queue="q") == 1
+
+
+def test_custom_buckets_and_validation() -> None:
+    """Buckets are seconds (numbers or timedeltas), increasing; bad ones are refused."""
+    from datetime import timedelta
+
+    reg = CollectorRegistry()
+    with prometheus.install(reg, buckets=[0.5, timedelta(seconds=2)]):
+        emit(CallFinished("d", "ok", 1.0, float("inf"), pool_wait=0.0))
+        s = scrape(reg)
+    assert (
+        value(
+            s, "deadlines_outbound_duration_seconds_bucket", dependency="d", outcome="ok", le="2.0"
+        )
+        == 1
+    )
+    assert (
+        value(
+            s, "deadlines_outbound_duration_seconds_bucket", dependency="d", outcome="ok", le="0.5"
+        )
+        == 0
+    )
+    assert (
+        value(s, "deadlines_outbound_budget_seconds_count", dependency="d") is None
+    )  # no deadline
+    with pytest.raises(ValueError, match="strictly increasing"):
+        prometheus.install(CollectorRegistry(), buckets=[1, 1])
+    with pytest.raises(ValueError, match="must not be empty"):
+        prometheus.install(CollectorRegistry(), buckets=[])
+    with pytest.raises(ValueError, match="finite"):
+        prometheus.install(CollectorRegistry(), buckets=[1, float("inf")])
+    with pytest.raises(ValueError, match=">= 1"):
+        prometheus.install(CollectorRegistry(), max_label_values=0)
