@@ -1,0 +1,120 @@
+"""Helpers for the Postgres tests: server address, pg_stat_activity checks, a proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+
+import psycopg
+
+HOST, PORT, USER, DB = "127.0.0.1", 5432, "postgres", "test"
+DSN = f"host={HOST} port={PORT} user={USER} dbname={DB}"
+
+
+def backends(admin: psycopg.Connection[tuple[object, ...]], name: str) -> list[tuple[object, ...]]:
+    """(pid, state, query) of every backend with application_name `name`."""
+    return admin.execute(
+        "SELECT pid, state, query FROM pg_stat_activity WHERE application_name = %s", (name,)
+    ).fetchall()
+
+
+def running(admin: psycopg.Connection[tuple[object, ...]], name: str) -> list[str]:
+    """Statements still running (state active) on backends named `name`."""
+    return [str(q) for _, state, q in backends(admin, name) if state == "active"]
+
+
+def wait_running(
+    admin: psycopg.Connection[tuple[object, ...]], name: str, *, within: float = 3.0
+) -> None:
+    """Block until a backend named `name` is running a statement."""
+    end = time.monotonic() + within
+    while not running(admin, name):
+        assert time.monotonic() < end, "the statement never started"
+        time.sleep(0.01)
+
+
+class Proxy:
+    """A TCP proxy on loopback in front of Postgres, in its own thread.
+
+    `freeze()` makes it accept new connections and never answer them (a silent
+    listener): a cancel request sent through it hangs, while connections opened
+    before keep forwarding.
+    """
+
+    def __init__(self, target: tuple[str, int] = (HOST, PORT)) -> None:
+        self.target = target
+        self.frozen = False
+        self.held = 0
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._server: asyncio.Server | None = None
+        self._thread = threading.Thread(target=self._run, name="pg-proxy", daemon=True)
+
+    def start(self) -> Proxy:
+        self._thread.start()
+        assert self._ready.wait(5), "proxy did not start"
+        return self
+
+    def freeze(self) -> None:
+        self.frozen = True
+
+    def dsn(self, app: str) -> str:
+        return f"host=127.0.0.1 port={self.port} user={USER} dbname={DB} application_name={app}"
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self._serve())
+        self._loop.run_forever()
+        self._loop.close()
+
+    async def _serve(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        if self.frozen:  # silent: read and drop, never answer, never close
+            self.held += 1
+            with contextlib.suppress(Exception):
+                while await reader.read(65536):
+                    pass
+            return
+        try:
+            up_reader, up_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            writer.close()
+            return
+        self._writers.add(up_writer)
+        await asyncio.gather(
+            self._pipe(reader, up_writer), self._pipe(up_reader, writer), return_exceptions=True
+        )
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            for w in list(self._writers):
+                w.transport.abort()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.sleep(0.01)  # let the aborted transports finish closing
+            self._loop.stop()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop)
+        self._thread.join(5)
+        assert not self._thread.is_alive(), "proxy thread did not stop"
