@@ -1,0 +1,872 @@
+"""The simulation: clients → load balancer → servers → dependencies, on a `Loop`.
+
+Each request is a small state machine driven by timers; nothing blocks. The rules:
+
+* A server runs a request on a worker (a slot held for the whole handler, like a
+  thread); with no free worker it waits in a FIFO queue.
+* A handler runs its steps in order: `Work` holds it for a while; `Calls` sends calls
+  in parallel and continues when all have answered. A failed call fails the handler,
+  unless the call has a fallback.
+* A call holds a connection from its caller's pool (FIFO acquire, wait cap), then
+  connects, then sends. Its timeout covers the pool wait. When the call gives up it
+  releases the connection at once; the callee notices only if it watches for its
+  caller leaving (`cancel_on_caller_left`); otherwise it works on, for nobody.
+* A service with a `DeadlinePolicy` derives a deadline from the caller's remaining
+  time, drops queued requests that expired, and stops handlers (and their calls) when
+  the deadline passes.
+
+Completions always come from a timer, never from inside a start, so no callback ever
+runs half-way through another one's bookkeeping. Randomness comes from one stream per
+purpose, seeded from the run's seed, so a run is reproducible to the event.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+
+from .loop import Loop, Timer
+from .model import (
+    Calls,
+    CallSpec,
+    DeadlinePolicy,
+    Distribution,
+    Fault,
+    LoadSpec,
+    Model,
+    Route,
+    ServiceSpec,
+    Work,
+)
+from .stats import CallStats, InFlight, LoadStats, RouteStats, TraceRecord
+
+#: Failures that happened before the request reached a server: safe to retry.
+UNSENT_CAUSES = frozenset({"pool_timeout", "connect_timeout", "refused", "rejected", "shed"})
+
+# Request states: arrived (not queued, no worker), queued, running on a worker, done.
+_NEW, _QUEUED, _RUNNING, _DONE = 0, 1, 2, 3
+_STATUS = {"rejected": 503, "refused": 503, "shed": 503, "budget_exhausted": 504}
+
+
+def status_of(cause: str | None) -> int:
+    """The HTTP-like status a handler that ended with `cause` answers with."""
+    return 200 if cause is None else _STATUS.get(cause, 504)
+
+
+def sampler(dist: Distribution, rng: random.Random) -> Callable[[], float]:
+    """A function drawing durations from `dist` with `rng`."""
+    kind, a, b = dist.kind, dist.a, dist.b
+    if kind == "constant":
+        return lambda: a
+    if kind == "exp":
+        rate = 1.0 / a
+        return lambda: rng.expovariate(rate)
+    if kind == "uniform":
+        return lambda: rng.uniform(a, b)
+    if kind == "lognormal":
+        mu, sigma = math.log(a), math.log(b / a) / 2.3263478740408408
+        return lambda: rng.lognormvariate(mu, sigma)
+    return lambda: math.inf
+
+
+class Pool:
+    """A bounded pool of connections with a FIFO queue of waiting calls."""
+
+    __slots__ = ("in_use", "in_use_max", "size", "waiters")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.in_use = 0
+        self.in_use_max = 0
+        self.waiters: deque[Call] = deque()
+
+    def acquire(self, call: Call) -> bool:
+        """Take a connection now (True) or queue `call` for one (False)."""
+        if self.in_use < self.size:
+            self.in_use += 1
+            if self.in_use > self.in_use_max:
+                self.in_use_max = self.in_use
+            return True
+        call.pool_waiting = True
+        self.waiters.append(call)
+        return False
+
+    def release(self) -> None:
+        """Return a connection: hand it to the first call still waiting, if any."""
+        waiters = self.waiters
+        while waiters:
+            call = waiters.popleft()
+            if call.pool_waiting:  # withdrawn calls are skipped here, not searched for
+                call.pool_waiting = False
+                call.granted()
+                return
+        self.in_use -= 1
+
+
+class Server:
+    """One server of a service: workers, its queue, its pools and its fault state."""
+
+    __slots__ = (
+        "blackhole",
+        "busy",
+        "down",
+        "hung",
+        "index",
+        "outstanding",
+        "pools",
+        "queue",
+        "queue_max",
+        "queued",
+        "requests",
+        "service",
+        "slowdown",
+    )
+
+    def __init__(self, service: Service, index: int) -> None:
+        self.service = service
+        self.index = index
+        self.busy = 0
+        self.queue: deque[Request] = deque()
+        self.queued = 0
+        self.queue_max = 0
+        self.outstanding = 0
+        self.requests = 0
+        self.slowdown = 1.0
+        self.down = False
+        self.blackhole = False
+        self.hung: set[str | None] = set()
+        self.pools = {name: Pool(p.size) for name, p in service.spec.pools.items()}
+
+    def release_worker(self, sim: Simulation) -> None:
+        """A worker is free: start the next queued request, dropping expired ones."""
+        self.busy -= 1
+        expired: list[Request] = []
+        queue = self.queue
+        while queue:
+            request = queue.popleft()
+            if request.state != _QUEUED:
+                continue
+            self.queued -= 1
+            if request.should_shed(sim.loop.now):
+                expired.append(request)
+                continue
+            request.start()
+            break
+        for request in expired:  # after the worker is taken, so nobody jumps the queue
+            request.finish("shed")
+
+
+class Service:
+    """A service's servers, its load balancer and its per-route statistics."""
+
+    __slots__ = (
+        "in_flight",
+        "lb",
+        "open",
+        "pick",
+        "policy",
+        "routes",
+        "samplers",
+        "servers",
+        "spec",
+        "stats",
+    )
+
+    def __init__(self, spec: ServiceSpec, seed: int) -> None:
+        self.spec = spec
+        self.policy: DeadlinePolicy | None = spec.deadline
+        self.servers = [Server(self, i) for i in range(spec.servers)]
+        self.stats = {name: RouteStats() for name in spec.routes}
+        self.routes: dict[str, Route] = spec.routes
+        self.in_flight = InFlight()  # handlers running or queued, orphans included
+        self.open = InFlight()  # requests whose caller is still connected
+        self.lb = _Balancer(self.servers, _stream(seed, "lb", spec.name))
+        self.pick: Callable[[], Server] = getattr(self.lb, spec.lb)
+        # One random stream per step: variants of a scenario then see the same draws.
+        self.samplers: dict[str, list[Callable[[], float]]] = {
+            name: [
+                sampler(step.duration, _stream(seed, "work", spec.name, name, str(i)))
+                if isinstance(step, Work)
+                else _never
+                for i, step in enumerate(route.steps)
+            ]
+            for name, route in spec.routes.items()
+        }
+
+
+def _stream(seed: int, *purpose: str) -> random.Random:
+    """An independent, reproducible random stream for one purpose."""
+    return random.Random(":".join((str(seed), *purpose)))
+
+
+def _never() -> float:
+    return math.inf
+
+
+class _Balancer:
+    """The load-balancing policies; each method picks a server for one request."""
+
+    __slots__ = ("_next", "_rng", "_servers")
+
+    def __init__(self, servers: list[Server], rng: random.Random) -> None:
+        self._servers = servers
+        self._rng = rng
+        self._next = 0
+
+    def _healthy(self, server: Server) -> Server:
+        # A down server fails health checks; skip it while any other is up.
+        if not server.down:
+            return server
+        for other in self._servers:
+            if not other.down:
+                return other
+        return server
+
+    def round_robin(self) -> Server:
+        """Each server in turn."""
+        servers = self._servers
+        server = servers[self._next % len(servers)]
+        self._next += 1
+        return self._healthy(server)
+
+    def least_outstanding(self) -> Server:
+        """The server with the fewest requests in progress (ties: rotate)."""
+        servers = self._servers
+        n = len(servers)
+        start = self._next % n
+        self._next += 1
+        best = servers[start]
+        for k in range(1, n):
+            candidate = servers[(start + k) % n]
+            if candidate.outstanding < best.outstanding:
+                best = candidate
+        return self._healthy(best)
+
+    def p2c(self) -> Server:
+        """Power of two choices: the less busy of two servers drawn at random."""
+        servers = self._servers
+        n = len(servers)
+        if n == 1:
+            return self._healthy(servers[0])
+        first = self._rng.randrange(n)
+        second = self._rng.randrange(n - 1)
+        if second >= first:
+            second += 1
+        a, b = servers[first], servers[second]
+        return self._healthy(a if a.outstanding <= b.outstanding else b)
+
+
+class Request:
+    """One request being handled by one server."""
+
+    __slots__ = (
+        "arrived",
+        "caller",
+        "calls",
+        "deadline",
+        "deadline_timer",
+        "orphan",
+        "pending",
+        "route",
+        "server",
+        "service",
+        "sim",
+        "state",
+        "stats",
+        "step",
+        "trace",
+        "work_timer",
+        "worker",
+    )
+
+    def __init__(
+        self,
+        sim: Simulation,
+        server: Server,
+        route: Route,
+        caller: Call | Client,
+        told: float | None,
+        traced: bool,
+    ) -> None:
+        now = sim.loop.now
+        service = server.service
+        self.sim = sim
+        self.server = server
+        self.service = service
+        self.route = route
+        self.caller = caller
+        self.arrived = now
+        self.state = _NEW
+        self.step = 0
+        self.pending = 0
+        self.calls: list[Call] = []
+        self.deadline_timer: Timer | None = None
+        self.work_timer: Timer | None = None
+        self.worker = False
+        self.orphan = False
+        self.stats = service.stats[route.name]
+        self.deadline = math.inf
+        policy = service.policy
+        budget: float | None = None
+        if policy is not None:
+            budget = told if (policy.honor_inbound and told is not None) else policy.default
+            if budget is not None:
+                if policy.max is not None and budget > policy.max:
+                    budget = policy.max
+                self.deadline = now + budget - policy.reserve
+                if policy.enforce:
+                    self.deadline_timer = sim.loop.at(self.deadline, Request.expire, self)
+        self.trace = sim.trace_record(service.spec.name, now, budget) if traced else None
+
+    # Admission and the steps.
+
+    def admit(self) -> None:
+        """Start on a free worker, wait in the queue, or be turned away."""
+        server = self.server
+        spec = self.service.spec
+        loop = self.sim.loop
+        if self.should_shed(loop.now):
+            loop.at(loop.now, Request.finish_with, (self, "shed"))
+        elif spec.workers is None or server.busy < spec.workers:
+            self.start()
+        elif spec.queue_limit is not None and server.queued >= spec.queue_limit:
+            loop.at(loop.now, Request.finish_with, (self, "rejected"))
+        else:
+            self.state = _QUEUED
+            server.queue.append(self)
+            server.queued += 1
+            if server.queued > server.queue_max:
+                server.queue_max = server.queued
+
+    def should_shed(self, now: float) -> bool:
+        """True when this request's deadline has passed and its server sheds such work."""
+        policy = self.service.policy
+        return policy is not None and policy.shed and now >= self.deadline
+
+    def start(self) -> None:
+        """Take a worker and begin the first step."""
+        self.state = _RUNNING
+        self.worker = True
+        self.server.busy += 1
+        stats = self.stats
+        stats.queue_wait_sum += self.sim.loop.now - self.arrived
+        stats.queue_wait_count += 1
+        self.run_step()
+
+    def run_step(self) -> None:
+        """Begin the current step, or finish when none is left."""
+        steps = self.route.steps
+        index = self.step
+        if index >= len(steps):
+            self.finish(None)
+            return
+        step = steps[index]
+        if isinstance(step, Work):
+            server = self.server
+            if server.hung and (None in server.hung or self.route.name in server.hung):
+                return  # this work never ends; only a deadline or the caller can stop it
+            duration = self.service.samplers[self.route.name][index]() * server.slowdown
+            self.work_timer = self.sim.loop.after(duration, Request.step_done, self)
+            return
+        assert isinstance(step, Calls)
+        specs = self.service.spec.calls
+        self.calls = [Call(self.sim, self, specs[name]) for name in step.names]
+        self.pending = len(self.calls)
+        for call in self.calls:
+            call.attempt()
+
+    def step_done(self) -> None:
+        """The current step's work completed: go on."""
+        self.work_timer = None
+        self.step += 1
+        self.run_step()
+
+    def call_done(self, call: Call, cause: str | None) -> None:
+        """One of the current step's calls ended (`cause` None: it succeeded)."""
+        if self.state != _RUNNING:
+            return
+        call.active = False
+        if cause is not None:
+            if self.trace is not None and self.trace.gave_up is None:
+                self.trace.gave_up = self.sim.loop.now
+            if not call.spec.fallback:
+                self.finish(cause)
+                return
+        self.pending -= 1
+        if self.pending == 0:
+            self.calls = []
+            self.step += 1
+            self.run_step()
+
+    # The ways a request ends.
+
+    def expire(self) -> None:
+        """The deadline passed: stop everything under this request."""
+        self.deadline_timer = None
+        self.finish("deadline", stopped=True)
+
+    def caller_left(self) -> None:
+        """The caller stopped waiting; stop too if this service notices."""
+        if not self.orphan and self.state != _DONE:
+            self.service.open.add(self.sim.loop.now, -1)
+        self.orphan = True
+        policy = self.service.policy
+        if self.state != _DONE and policy is not None and policy.cancel_on_caller_left:
+            self.finish("caller_left", stopped=True)
+
+    @staticmethod
+    def finish_with(arg: tuple[Request, str]) -> None:
+        """Timer callback: finish a request with a cause."""
+        arg[0].finish(arg[1])
+
+    def finish(self, cause: str | None, *, stopped: bool = False) -> None:
+        """End the request: free what it holds, record it, answer the caller.
+
+        `stopped` says the handler's own deadline or its caller's leaving ended it.
+        """
+        if self.state == _DONE:
+            return
+        sim = self.sim
+        loop = sim.loop
+        now = loop.now
+        server = self.server
+        if self.state == _QUEUED:
+            server.queued -= 1  # it stays in the deque; release_worker skips it
+        self.state = _DONE
+        loop.cancel(self.deadline_timer)
+        loop.cancel(self.work_timer)
+        if self.calls:
+            for call in self.calls:
+                if call.active:
+                    call.cancel()
+            self.calls = []
+        if self.worker:
+            self.worker = False
+            server.release_worker(sim)
+        server.outstanding -= 1
+        stats = self.stats
+        stats.end(cause)
+        stats.latency_sum += now - self.arrived
+        stats.in_flight.add(now, -1)
+        self.service.in_flight.add(now, -1)
+        if self.trace is not None:
+            self._trace_end(now, cause, stopped)
+        if not self.orphan:
+            self.service.open.add(now, -1)
+            self.caller.on_response(self, cause)
+
+    def _trace_end(self, now: float, cause: str | None, stopped: bool) -> None:
+        trace = self.trace
+        assert trace is not None
+        if cause is None:
+            trace.finished = now
+            trace.committed = self.route.commit
+        if stopped:
+            trace.stopped = now
+        if cause != "caller_left":
+            trace.answered = now
+            trace.status = status_of(cause)
+
+
+class Call:
+    """One outbound call from a handler: pool, connect, send, wait; retries; fallback."""
+
+    __slots__ = (
+        "active",
+        "asked_at",
+        "attempts",
+        "cause",
+        "child",
+        "holding",
+        "owner",
+        "phase_timer",
+        "pool",
+        "pool_wait",
+        "pool_waiting",
+        "server",
+        "sim",
+        "spec",
+        "stats",
+        "timer",
+    )
+
+    def __init__(self, sim: Simulation, owner: Request, spec: CallSpec) -> None:
+        self.sim = sim
+        self.owner = owner
+        self.spec = spec
+        self.stats = sim.call_stats[owner.service.spec.name][spec.name]
+        self.stats.requests += 1
+        self.active = True
+        self.attempts = 0
+        self.asked_at = 0.0
+        self.cause: str | None = None
+        self.child: Request | None = None
+        self.server: Server | None = None
+        self.timer: Timer | None = None  # the attempt's total limit, or the retry sleep
+        self.phase_timer: Timer | None = None  # pool wait, connect, or an immediate failure
+        self.holding = False
+        self.pool_waiting = False
+        self.pool: Pool | None = None
+        self.pool_wait: float | None = None
+        if spec.pool is not None:
+            self.pool = owner.server.pools[spec.pool]
+            self.pool_wait = owner.service.spec.pools[spec.pool].wait
+            if spec.pool_wait is not None:
+                self.pool_wait = spec.pool_wait
+
+    def attempt(self) -> None:
+        """Start one attempt: fail fast when too little time is left, else take a connection."""
+        loop = self.sim.loop
+        now = loop.now
+        remaining = self.owner.deadline - now
+        if remaining <= 0 or remaining < self.spec.min_useful:
+            self._fail_soon("budget_exhausted")
+            return
+        self.attempts += 1
+        self.stats.attempts += 1
+        if self.spec.timeout is not None:
+            self.timer = loop.after(self.spec.timeout, Call.on_timeout, self)
+        pool = self.pool
+        if pool is None:
+            self.connect()
+        elif pool.acquire(self):
+            self.holding = True
+            self.stats.pool_waited(0.0)
+            self.connect()
+        else:
+            self.asked_at = now
+            if self.pool_wait is not None:
+                self.phase_timer = loop.after(self.pool_wait, Call.on_pool_timeout, self)
+
+    def granted(self) -> None:
+        """The pool handed this waiting call a connection."""
+        self.holding = True
+        self.sim.loop.cancel(self.phase_timer)
+        self.phase_timer = None
+        self.stats.pool_waited(self.sim.loop.now - self.asked_at)
+        self.connect()
+
+    def connect(self) -> None:
+        """Pick a server and connect to it (instantly unless the service says otherwise)."""
+        target = self.sim.services[self.spec.service]
+        server = target.pick()
+        if server.down:
+            self._fail_soon("refused")
+            return
+        delay = math.inf if server.blackhole else target.spec.connect_time
+        cap = self.spec.connect
+        loop = self.sim.loop
+        if cap is not None and cap < delay:
+            self.phase_timer = loop.after(cap, Call.on_connect_timeout, self)
+        elif delay == 0.0:
+            self.send(server)
+        elif delay < math.inf:
+            self.server = server
+            self.phase_timer = loop.after(delay, Call.connected, self)
+
+    def connected(self) -> None:
+        """The connect phase ended: send."""
+        self.phase_timer = None
+        server, self.server = self.server, None
+        assert server is not None
+        self.send(server)
+
+    def send(self, server: Server) -> None:
+        """Send the request, with the caller's remaining time when it propagates."""
+        owner = self.owner
+        told = None
+        if self.spec.propagate and owner.deadline < math.inf:
+            told = owner.deadline - self.sim.loop.now
+        self.child = self.sim.arrive(
+            server, self.spec.route, self, told, traced=owner.trace is not None
+        )
+
+    # How an attempt ends.
+
+    def on_response(self, child: Request, cause: str | None) -> None:
+        """The callee answered."""
+        if child is self.child:
+            self.child = None
+            self.end_attempt(cause)
+
+    def on_timeout(self) -> None:
+        """The attempt's total limit fired."""
+        self.timer = None
+        self.end_attempt("timeout")
+
+    def on_pool_timeout(self) -> None:
+        """Waited too long for a connection."""
+        self.phase_timer = None
+        self.end_attempt("pool_timeout")
+
+    def on_connect_timeout(self) -> None:
+        """The connect did not complete in time."""
+        self.phase_timer = None
+        self.end_attempt("connect_timeout")
+
+    def _fail_soon(self, cause: str) -> None:
+        self.cause = cause
+        self.phase_timer = self.sim.loop.at(self.sim.loop.now, Call._failed, self)
+
+    def _failed(self) -> None:
+        self.phase_timer = None
+        self.end_attempt(self.cause)
+
+    def _stop_waiting(self) -> None:
+        """Stop every wait of the current attempt; the callee is told its caller left."""
+        loop = self.sim.loop
+        loop.cancel(self.timer)
+        loop.cancel(self.phase_timer)
+        self.timer = self.phase_timer = None
+        self.pool_waiting = False  # the pool skips a withdrawn waiter
+        self.server = None
+        child = self.child
+        if child is not None:
+            self.child = None
+            child.caller_left()
+        if self.holding:  # closing the connection frees it at once
+            self.holding = False
+            assert self.pool is not None
+            self.pool.release()
+
+    def end_attempt(self, cause: str | None) -> None:
+        """Settle an attempt: success, a retry after a backoff, or a final failure."""
+        self._stop_waiting()
+        if cause is not None:
+            backoff = self._retry_backoff(cause)
+            if backoff is not None:
+                self.stats.retries += 1
+                self.timer = self.sim.loop.after(backoff, Call.retry, self)
+                return
+            if self.spec.fallback:
+                self.stats.fallbacks += 1
+        self.stats.end(cause)
+        self.owner.call_done(self, cause)
+
+    def retry(self) -> None:
+        """The backoff sleep ended: try again."""
+        self.timer = None
+        self.attempt()
+
+    def _retry_backoff(self, cause: str) -> float | None:
+        """The sleep before another attempt, or None when the rules allow none."""
+        retry = self.spec.retry
+        if retry is None or self.attempts >= retry.attempts:
+            return None
+        if cause in ("deadline", "budget_exhausted"):
+            return None  # the shared budget is spent: another attempt cannot help
+        if cause not in UNSENT_CAUSES and not self.spec.idempotent:
+            return None  # the request was sent: its outcome is unknown
+        backoff = retry.backoff_for(self.attempts, self.sim.retry_rng.random())
+        if self.owner.deadline - self.sim.loop.now <= retry.expected + backoff:
+            return None
+        return backoff
+
+    def cancel(self) -> None:
+        """The handler is finishing: abandon the call."""
+        self.active = False
+        self._stop_waiting()
+
+
+class Client:
+    """One request from outside: sends, then waits up to the load's timeout."""
+
+    __slots__ = ("child", "done", "load", "sent", "sim", "stats", "timer")
+
+    def __init__(self, sim: Simulation, load: LoadSpec, stats: LoadStats) -> None:
+        self.sim = sim
+        self.load = load
+        self.stats = stats
+        self.sent = sim.loop.now
+        self.done = False
+        self.child: Request | None = None
+        self.timer: Timer | None = None
+
+    def send(self, traced: bool) -> None:
+        """Send through the service's load balancer and start the client's clock."""
+        sim = self.sim
+        load = self.load
+        if load.timeout is not None:
+            self.timer = sim.loop.after(load.timeout, Client.give_up, self)
+        server = sim.services[load.service].pick()
+        if server.down:
+            sim.loop.at(sim.loop.now, Client.refused, self)
+            return
+        told = load.timeout if load.send_deadline else None
+        self.child = sim.arrive(server, load.route, self, told, traced=traced)
+
+    def on_response(self, child: Request, cause: str | None) -> None:
+        """The service answered."""
+        if self.done:
+            return
+        self.done = True
+        self.sim.loop.cancel(self.timer)
+        now = self.sim.loop.now
+        self.stats.record(now, now - self.sent, cause)
+
+    def refused(self) -> None:
+        """Every server was down."""
+        self.child = None
+        if not self.done:
+            self.done = True
+            self.sim.loop.cancel(self.timer)
+            self.stats.record(self.sim.loop.now, 0.0, "refused")
+
+    def give_up(self) -> None:
+        """The client's own timeout fired: it stops waiting (and closes the connection)."""
+        if self.done:
+            return
+        self.done = True
+        now = self.sim.loop.now
+        self.stats.record(now, now - self.sent, "client_timeout")
+        child, self.child = self.child, None
+        if child is not None:
+            child.caller_left()
+
+
+class Simulation:
+    """One run of one `Model`: builds the world, runs the loop, keeps the recorders."""
+
+    def __init__(self, model: Model, seed: int) -> None:
+        self.model = model
+        self.seed = seed
+        self.loop = Loop()
+        self.services = {name: Service(spec, seed) for name, spec in model.services.items()}
+        self.call_stats: dict[str, dict[str, CallStats]] = {
+            name: {call: CallStats() for call in spec.calls}
+            for name, spec in model.services.items()
+        }
+        self.load_stats = {load.name: LoadStats(model.window) for load in model.loads}
+        self.retry_rng = _stream(seed, "retry")
+        self.trace: dict[str, TraceRecord] = {}
+        self.in_flight_end: dict[str, int] = {}
+        self.series_t: list[float] = []
+        self.series_in_flight: dict[str, list[int]] = {load.name: [] for load in model.loads}
+        self.series_queue: dict[str, list[list[int]]] = {name: [] for name in self.services}
+        self.series_outstanding: dict[str, list[list[int]]] = {name: [] for name in self.services}
+        self.wall_s = 0.0
+
+    @property
+    def end(self) -> float:
+        """When the run stops: the load's duration plus the drain."""
+        return self.model.duration + self.model.drain
+
+    def run(self) -> Simulation:
+        """Schedule faults, load and sampling, then run to the end."""
+        loop = self.loop
+        for fault in self.model.faults:
+            loop.at(fault.at, _apply_fault, (self, fault, True))
+            if fault.until is not None:
+                loop.at(fault.until, _apply_fault, (self, fault, False))
+        loop.at(self.model.duration, Simulation._mark_end, self)
+        for index, load in enumerate(self.model.loads):
+            _LoadRunner(self, load, first=index == 0).schedule()
+        loop.at(0.0, Simulation._sample, self)
+        started = time.perf_counter()
+        loop.run(self.end)
+        self.wall_s = time.perf_counter() - started
+        return self
+
+    def arrive(
+        self, server: Server, route: str, caller: Call | Client, told: float | None, traced: bool
+    ) -> Request:
+        """A request reaches `server`: count it and admit it."""
+        service = server.service
+        request = Request(self, server, service.routes[route], caller, told, traced)
+        now = self.loop.now
+        server.outstanding += 1
+        server.requests += 1
+        request.stats.requests += 1
+        request.stats.in_flight.add(now, 1)
+        service.in_flight.add(now, 1)
+        service.open.add(now, 1)
+        request.admit()
+        return request
+
+    def trace_record(self, service: str, now: float, budget: float | None) -> TraceRecord | None:
+        """The trace record for the first traced request a service sees, else None."""
+        if service in self.trace:
+            return None
+        record = TraceRecord(now, budget)
+        self.trace[service] = record
+        return record
+
+    def _mark_end(self) -> None:
+        for load in self.model.loads:
+            stats = self.services[load.service].stats[load.route]
+            self.in_flight_end[load.name] = stats.in_flight.value
+
+    def _sample(self) -> None:
+        now = self.loop.now
+        self.series_t.append(now)
+        for load in self.model.loads:
+            stats = self.services[load.service].stats[load.route]
+            self.series_in_flight[load.name].append(stats.in_flight.value)
+        for name, service in self.services.items():
+            self.series_queue[name].append([s.queued for s in service.servers])
+            self.series_outstanding[name].append([s.outstanding for s in service.servers])
+        if now + self.model.sample <= self.end + 1e-9:
+            self.loop.after(self.model.sample, Simulation._sample, self)
+
+
+def _apply_fault(arg: tuple[Simulation, Fault, bool]) -> None:
+    sim, fault, on = arg
+    servers = sim.services[fault.service].servers
+    if fault.server is not None:
+        servers = [servers[fault.server]]
+    for server in servers:
+        if fault.kind == "slow":
+            server.slowdown = fault.factor if on else 1.0
+        elif fault.kind == "down":
+            server.down = on
+        elif fault.kind == "blackhole":
+            server.blackhole = on
+        elif on:
+            server.hung.add(fault.route)
+        else:
+            server.hung.discard(fault.route)
+
+
+class _LoadRunner:
+    """Sends one load's requests: evenly spaced or Poisson, until its end or count."""
+
+    __slots__ = ("count", "first", "load", "next_at", "rng", "sim", "stats")
+
+    def __init__(self, sim: Simulation, load: LoadSpec, *, first: bool) -> None:
+        self.sim = sim
+        self.load = load
+        self.stats = sim.load_stats[load.name]
+        self.rng = _stream(sim.seed, "load", load.name)
+        self.first = first
+        self.count = 0
+        self.next_at = load.start
+
+    def schedule(self) -> None:
+        """Schedule the next request, if the load still runs."""
+        load = self.load
+        if load.count is not None and self.count >= load.count:
+            return
+        if self.next_at >= self.sim.model.duration:
+            return
+        self.sim.loop.at(self.next_at, _LoadRunner.fire, self)
+
+    def fire(self) -> None:
+        """Send one request and schedule the next."""
+        load = self.load
+        traced = self.first and self.count == 0
+        self.count += 1
+        self.stats.requests += 1
+        Client(self.sim, load, self.stats).send(traced)
+        if load.arrival == "poisson":
+            self.next_at += self.rng.expovariate(load.rate)
+        else:
+            self.next_at = load.start + self.count / load.rate
+        self.schedule()
+
+
+def simulate(model: Model, seed: int) -> Simulation:
+    """Run `model` once with `seed` and return the finished simulation."""
+    return Simulation(model, seed).run()

@@ -1,0 +1,162 @@
+"""Recorders the engine updates as it runs: counts, latencies, in-flight integrals.
+
+Kept apart from the engine so that what is measured, and how a percentile is computed,
+can be read in one place. Everything here is mutable and cheap to update; `result.py`
+turns it into the immutable figures a user sees.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+
+
+def percentile(ordered: Sequence[float], q: float) -> float | None:
+    """The nearest-rank `q`-quantile (0 < q <= 1) of an ascending sequence; None if empty."""
+    if not ordered:
+        return None
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+class InFlight:
+    """A count over time: its current value, maximum and time integral (for the mean)."""
+
+    __slots__ = ("_area", "_last", "_since", "max", "value")
+
+    def __init__(self, since: float = 0.0) -> None:
+        self.value = 0
+        self.max = 0
+        self._area = 0.0
+        self._last = since
+        self._since = since
+
+    def add(self, now: float, delta: int) -> None:
+        """Change the count by `delta` at simulated time `now`."""
+        self._area += self.value * (now - self._last)
+        self._last = now
+        self.value += delta
+        if self.value > self.max:
+            self.max = self.value
+
+    def mean(self, now: float) -> float:
+        """The time-weighted mean count from the start until `now`."""
+        span = now - self._since
+        if span <= 0:
+            return float(self.value)
+        return (self._area + self.value * (now - self._last)) / span
+
+
+class Outcomes:
+    """How requests ended: successes and failures by cause."""
+
+    __slots__ = ("causes", "ok", "requests")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.ok = 0
+        self.causes: dict[str, int] = {}
+
+    def end(self, cause: str | None) -> None:
+        """Count one request that ended with `cause` (None: success)."""
+        if cause is None:
+            self.ok += 1
+        else:
+            self.causes[cause] = self.causes.get(cause, 0) + 1
+
+    @property
+    def failed(self) -> int:
+        """Requests that ended in a failure."""
+        return sum(self.causes.values())
+
+
+class LoadStats(Outcomes):
+    """What the clients of one load saw: outcomes and the time each one waited."""
+
+    __slots__ = ("latencies", "window", "windows")
+
+    def __init__(self, window: float) -> None:
+        super().__init__()
+        self.latencies = array("d")
+        self.window = window
+        #: window index (completion time // window) -> latencies that ended in it
+        self.windows: dict[int, list[float]] = {}
+
+    def record(self, now: float, latency: float, cause: str | None) -> None:
+        """One client got an answer (or gave up) after `latency` seconds."""
+        self.end(cause)
+        self.latencies.append(latency)
+        index = int(now / self.window)
+        bucket = self.windows.get(index)
+        if bucket is None:
+            self.windows[index] = [latency]
+        else:
+            bucket.append(latency)
+
+
+class RouteStats(Outcomes):
+    """One route on one service, seen from the servers: in flight, latency, queue wait."""
+
+    __slots__ = ("in_flight", "latency_sum", "queue_wait_count", "queue_wait_sum")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.in_flight = InFlight()
+        self.latency_sum = 0.0
+        self.queue_wait_sum = 0.0
+        self.queue_wait_count = 0
+
+
+class CallStats(Outcomes):
+    """One dependency as its callers saw it: attempts, retries, fallbacks, pool waits."""
+
+    __slots__ = (
+        "attempts",
+        "fallbacks",
+        "pool_wait_count",
+        "pool_wait_max",
+        "pool_wait_sum",
+        "retries",
+    )
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+        self.fallbacks = 0
+        self.retries = 0
+        self.pool_wait_sum = 0.0
+        self.pool_wait_count = 0
+        self.pool_wait_max = 0.0
+
+    def pool_waited(self, seconds: float) -> None:
+        """A connection was granted after `seconds` in the pool's queue."""
+        self.pool_wait_sum += seconds
+        self.pool_wait_count += 1
+        if seconds > self.pool_wait_max:
+            self.pool_wait_max = seconds
+
+
+class TraceRecord:
+    """What one service did for the first (traced) client request; times in seconds."""
+
+    __slots__ = (
+        "answered",
+        "budget",
+        "committed",
+        "finished",
+        "gave_up",
+        "started",
+        "status",
+        "stopped",
+    )
+
+    def __init__(self, started: float, budget: float | None) -> None:
+        self.started = started
+        self.budget = budget
+        self.answered: float | None = None
+        self.status: int | None = None
+        self.gave_up: float | None = None
+        self.stopped: float | None = None
+        self.finished: float | None = None
+        self.committed = False
