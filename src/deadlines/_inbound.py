@@ -1,0 +1,167 @@
+"""What every inbound middleware shares: route limits, the arrival budget, the 504 body.
+
+The ASGI, aiohttp.web, WSGI and gRPC middlewares differ in how they watch the
+connection and how they answer; the rules for the budget are the same and live here.
+Standard library only, so the WSGI middleware stays dependency-free.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from . import _validate, wire
+from ._errors import BudgetExhausted, DeadlineExceeded
+from ._events import RequestOutcome
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Attribute that `limits` puts on a handler (or a FastAPI dependency).
+LIMITS_ATTRIBUTE = "__deadlines_limits__"
+
+#: Route label for requests that match no known route (keeps metrics cardinality low).
+UNMATCHED = "*"
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Limits:
+    """A route's own budget: `default` without a valid header, never more than `maximum`."""
+
+    default: float
+    maximum: float
+
+    def __init__(self, *, default: float | timedelta, maximum: float | timedelta) -> None:
+        """Validate both (seconds or timedelta, finite, > 0) and that default <= maximum."""
+        default_s = _validate.seconds(default, "default", allow_zero=False)
+        maximum_s = _validate.seconds(maximum, "maximum", allow_zero=False)
+        if default_s > maximum_s:
+            raise ValueError(f"default ({default_s} s) must not exceed maximum ({maximum_s} s)")
+        object.__setattr__(self, "default", default_s)
+        object.__setattr__(self, "maximum", maximum_s)
+
+
+def limits(*, default: float | timedelta, maximum: float | timedelta) -> Callable[[F], F]:
+    """Decorate a handler with its own default budget and maximum.
+
+        @deadlines.asgi.limits(default=10, maximum=30)
+        async def report(request): ...
+
+    The inbound middleware reads the mark before the handler runs, so the route's
+    limits apply from arrival (Starlette and FastAPI routes, aiohttp.web handlers).
+    """
+    mark = Limits(default=default, maximum=maximum)
+
+    def decorate(handler: F) -> F:
+        setattr(handler, LIMITS_ATTRIBUTE, mark)
+        return handler
+
+    return decorate
+
+
+def limits_of(handler: object) -> Limits | None:
+    """The `Limits` a handler was marked with, or None."""
+    found = getattr(handler, LIMITS_ATTRIBUTE, None)
+    return found if isinstance(found, Limits) else None
+
+
+class RouteTable:
+    """Limits per path pattern: ``"/exact"``, ``"/prefix/*"``, optionally ``"POST /path"``.
+
+    Exact paths win over prefixes, a longer prefix over a shorter one, and a pattern
+    with a method over the same pattern without one.
+    """
+
+    __slots__ = ("_exact", "_prefixes", "fallback")
+
+    def __init__(self, routes: Mapping[str, Limits] | None, fallback: Limits) -> None:
+        self.fallback = fallback
+        self._exact: dict[tuple[str, str], tuple[str, Limits]] = {}
+        prefixes: list[tuple[int, int, str, str, str, Limits]] = []
+        for key, value in (routes or {}).items():
+            if not isinstance(key, str) or not key.strip():
+                raise ValueError(f"route patterns must be non-empty strings, got {key!r}")
+            if not isinstance(value, Limits):
+                raise TypeError(f"route {key!r} must map to a Limits, not {value!r}")
+            method, _, path = key.strip().rpartition(" ")
+            method = method.strip().upper()
+            if not path.startswith("/"):
+                raise ValueError(f"route pattern {key!r} must start with '/' (after a method)")
+            if path.endswith("*"):
+                prefix = path[:-1]
+                prefixes.append((len(prefix), bool(method), method, prefix, key, value))
+            else:
+                self._exact[(method, path)] = (key, value)
+        prefixes.sort(key=lambda item: (item[0], item[1]), reverse=True)
+        self._prefixes = [
+            (method, prefix, key, value) for _, _, method, prefix, key, value in prefixes
+        ]
+
+    def match(self, method: str, path: str) -> tuple[str | None, Limits]:
+        """The matching pattern (None when none matched) and its limits."""
+        hit = self._exact.get((method, path)) or self._exact.get(("", path))
+        if hit is not None:
+            return hit
+        for wanted, prefix, key, value in self._prefixes:
+            if path.startswith(prefix) and (not wanted or wanted == method):
+                return key, value
+        return None, self.fallback
+
+
+def header_name(header: str) -> str:
+    """Validate the name of the milliseconds header and return it lower-case."""
+    if not isinstance(header, str) or not header.strip() or not header.isascii():
+        raise ValueError(f"header must be a non-empty ASCII header name, got {header!r}")
+    return header.strip().lower()
+
+
+def renamed(pairs: Iterable[tuple[bytes, bytes]], header: bytes) -> list[tuple[bytes, bytes]]:
+    """Header pairs where `header` stands in for ``x-request-timeout-ms``.
+
+    A server configured with its own header name reads that one instead of ours;
+    grpc-timeout and Envoy's header are always understood.
+    """
+    ours = wire.HEADER.encode()
+    out: list[tuple[bytes, bytes]] = []
+    for key, value in pairs:
+        lowered = key.lower()
+        if lowered == header:
+            out.append((ours, value))
+        elif lowered != ours:
+            out.append((key, value))
+    return out
+
+
+def budget(headers: wire.HeadersLike, limits: Limits, reserve: float) -> float:
+    """Seconds for the request: min(header, maximum) or default, minus reserve; >= 0."""
+    return wire.inbound_budget(
+        headers, default=limits.default, maximum=limits.maximum, reserve=reserve
+    )
+
+
+def binding_limit(headers: wire.HeadersLike, limits: Limits, header: str) -> str:
+    """Which limit set the budget: the header's name, "route maximum" or "route default"."""
+    found = wire.header_budget(headers)
+    if found is None:
+        return "route default"
+    return "route maximum" if found > limits.maximum else header
+
+
+def timeout_body(*, limit: str, budget: float, elapsed: float) -> bytes:
+    """The short JSON body of a 504 answer, naming the limit that ran out."""
+    return json.dumps(
+        {
+            "error": "deadline exceeded",
+            "limit": limit,
+            "budget_ms": int(budget * 1000),
+            "elapsed_ms": int(elapsed * 1000),
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+def deadline_outcome(exc: DeadlineExceeded) -> RequestOutcome:
+    """The request outcome for a deadline error that ended a handler."""
+    return "budget_exhausted" if isinstance(exc, BudgetExhausted) else "deadline"

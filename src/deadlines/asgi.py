@@ -1,0 +1,464 @@
+"""`DeadlineMiddleware`: the request's deadline for any ASGI app (Starlette, FastAPI, ...).
+
+A pure ASGI middleware (never Starlette's `BaseHTTPMiddleware`, which stops context
+variables from propagating and breaks disconnect detection). For each HTTP request it
+
+1. computes the local deadline from the headers it understands (``x-request-timeout-ms``,
+   ``grpc-timeout``, Envoy's) capped at the route's maximum, minus a reserve;
+2. runs the app inside `deadlines.scope`, so `deadlines.current()` works in handlers and
+   everything under the request is cancelled at the instant;
+3. answers **504** with a short JSON body when the deadline passes before the response
+   starts (and at once, without running the app, when it arrived already expired); when
+   the response had started, it raises so that the server drops the connection;
+4. cancels the handler the moment the caller leaves (``http.disconnect``).
+
+How the caller's leaving is seen: an ASGI server reports a closed connection only
+through ``receive()``, and only to someone waiting on it. Once a request has run for
+`watch_after` seconds the middleware starts one watcher task that reads ahead of the app
+(at most `read_ahead` bytes of body, so flow control still works) and hands the app
+exactly the messages the server sent, in order. When the watcher receives
+``http.disconnect`` before the response is complete, it cancels the request's task with
+a `CallerLeft` reason. Requests that finish sooner never pay for a watcher.
+
+Only asyncio servers get the caller-left watcher; under trio the deadline still applies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from datetime import timedelta
+from typing import Any
+
+from . import _clock, _events, _inbound, _validate, wire
+from ._errors import CallerLeft, DeadlineExceeded
+from ._events import RequestOutcome
+from ._inbound import Limits, limits
+from ._scope import scope as deadline_scope
+
+__all__ = ["DeadlineMiddleware", "Limits", "limits"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_log = logging.getLogger("deadlines.asgi")
+_JSON_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+_ROUTE_CACHE_SIZE = 1024
+
+
+class DeadlineMiddleware:
+    """Give every HTTP request one deadline, answer 504 when it passes, stop when the caller leaves.
+
+        app = Starlette(routes=..., middleware=[
+            Middleware(DeadlineMiddleware, default=2.0, maximum=10.0),
+        ])
+
+    Args:
+        app: The ASGI app to wrap. Lifespan and websocket scopes pass through untouched.
+        default: Budget in seconds when the request carries no valid deadline header.
+        maximum: The most a caller may ask for; larger header values are capped.
+        reserve: Subtracted from the budget for the time on the wire and for the reply.
+        header: The milliseconds header to read in place of ``x-request-timeout-ms``.
+        routes: Limits per path pattern, e.g. ``{"/reports/*": Limits(default=10,
+            maximum=30)}``; a handler marked with `limits` takes precedence.
+        read_ahead: Most request-body bytes buffered ahead of the app while watching
+            for the caller leaving.
+        watch_after: Seconds before the caller-left watcher starts.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        default: float | timedelta,
+        maximum: float | timedelta,
+        reserve: float | timedelta = 0.05,
+        header: str = wire.HEADER,
+        routes: Mapping[str, Limits] | None = None,
+        read_ahead: int = 1 << 20,
+        watch_after: float | timedelta = 0.01,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be an ASGI callable, not {app!r}")
+        if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0:
+            raise ValueError(f"read_ahead must be a number of bytes >= 0, got {read_ahead!r}")
+        self.app = app
+        self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
+        self._reserve = _validate.seconds(reserve, "reserve")
+        self._header = _inbound.header_name(header)
+        self._header_bytes = self._header.encode()
+        self._rename = self._header != wire.HEADER
+        self._read_ahead = read_ahead
+        self._watch_after = _validate.seconds(watch_after, "watch_after")
+        self._routes: dict[tuple[int, str, str], tuple[str, Limits]] = {}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run one ASGI connection scope; only ``http`` is handled, the rest pass through."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        await _Exchange(self, scope, receive, send).run()
+
+    def _route(self, scope: Scope) -> tuple[str, Limits]:
+        """The route label and limits for a request, cached per (app, method, path)."""
+        app = self.app if _routes_of(self.app) is not None else scope.get("app")
+        method, path = scope.get("method", "GET"), scope.get("path", "/")
+        key = (id(app), method, path)
+        found = self._routes.get(key)
+        if found is None:
+            found = self._resolve(app, scope, method, path)
+            if len(self._routes) >= _ROUTE_CACHE_SIZE:
+                self._routes.clear()
+            self._routes[key] = found
+        return found
+
+    def _resolve(self, app: Any, scope: Scope, method: str, path: str) -> tuple[str, Limits]:
+        pattern, table_limits = self._table.match(method, path)
+        template, marked = _match_framework_route(app, scope)
+        label = template or pattern or _inbound.UNMATCHED
+        return label, marked or table_limits
+
+    def _headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        headers: list[tuple[bytes, bytes]] = scope.get("headers") or []
+        return _inbound.renamed(headers, self._header_bytes) if self._rename else headers
+
+
+class _Exchange:
+    """One request: the wrapped receive and send, the watcher and the outcome."""
+
+    __slots__ = (
+        "_active",
+        "_bytes",
+        "_cancels",
+        "_direct",
+        "_eof",
+        "_host",
+        "_loop",
+        "_may_read_ahead",
+        "_mw",
+        "_pump",
+        "_pump_error",
+        "_pump_wanted",
+        "_receive",
+        "_room",
+        "_send",
+        "_started_at",
+        "_timer",
+        "_waiters",
+        "buffer",
+        "caller_left",
+        "complete",
+        "scope",
+        "started",
+    )
+
+    def __init__(self, mw: DeadlineMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+        self._mw = mw
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.started = False  # http.response.start went out
+        self.complete = False  # the last body chunk went out
+        self.caller_left: CallerLeft | None = None
+        self.buffer: deque[Message] = deque()
+        self._bytes = 0
+        self._waiters: list[asyncio.Future[None]] = []
+        self._room: asyncio.Future[None] | None = None
+        self._pump: asyncio.Task[None] | None = None
+        self._pump_error: BaseException | None = None
+        self._pump_wanted = False
+        self._direct = 0
+        self._eof = False
+        self._host: asyncio.Task[Any] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._cancels = 0
+        self._active = True
+        self._may_read_ahead = True
+        self._started_at = _clock.now()
+
+    # The request as a whole.
+
+    async def run(self) -> None:
+        mw = self._mw
+        headers = mw._headers(self.scope)
+        route, limits_ = mw._route(self.scope)
+        budget = _inbound.budget(headers, limits_, mw._reserve)
+        if _events.active():
+            _events.emit(_events.RequestStarted(route, budget))
+        if budget <= 0.0:
+            await self._answer_timeout(headers, limits_, budget)
+            self._finish(route, "budget_exhausted", budget)
+            return
+        self._arm(headers)
+        outcome: RequestOutcome = "error"
+        try:
+            outcome = await self._call_app(budget)
+        except DeadlineExceeded as exc:
+            outcome = _inbound.deadline_outcome(exc)
+            if self.started:
+                raise  # the response is half out: let the server drop the connection
+            await self._answer_timeout(headers, limits_, budget)
+        finally:
+            self._disarm()
+            if self.caller_left is not None:
+                outcome = "caller_left"
+            self._finish(route, outcome, budget)
+
+    async def _call_app(self, budget: float) -> RequestOutcome:
+        """Run the app under the deadline; returns the outcome or raises DeadlineExceeded."""
+        try:
+            async with deadline_scope(budget):
+                await self._mw.app(self.scope, self.receive, self.send)
+        except asyncio.CancelledError:
+            if not self._cancels:
+                raise
+            self._uncancel()
+            assert self._host is not None
+            if self._host.cancelling():
+                raise  # somebody else cancelled us too (server shutdown)
+            await self._answer_gone()
+            return "caller_left"
+        except DeadlineExceeded:
+            if self.caller_left is not None:
+                await self._answer_gone()
+                return "caller_left"
+            if self.complete:
+                return "ok"  # the caller has the whole response; only cleanup was cut
+            raise
+        except Exception:
+            if self.caller_left is None:
+                raise
+            # The app failed because its caller went away (a send or read on a closed
+            # connection): nobody is left to tell.
+            _log.debug("error after the caller left", exc_info=True)
+            await self._answer_gone()
+            return "caller_left"
+        if self.caller_left is not None:
+            await self._answer_gone()
+            return "caller_left"
+        return "ok"
+
+    async def _answer_timeout(
+        self, headers: list[tuple[bytes, bytes]], limits_: Limits, budget: float
+    ) -> None:
+        body = _inbound.timeout_body(
+            limit=_inbound.binding_limit(headers, limits_, self._mw._header),
+            budget=budget,
+            elapsed=_clock.now() - self._started_at,
+        )
+        self.started = self.complete = True
+        await self._send(
+            {
+                "type": "http.response.start",
+                "status": 504,
+                "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
+            }
+        )
+        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _answer_gone(self) -> None:
+        """Complete the exchange for outer middlewares; the server drops the bytes."""
+        if self.started:
+            return
+        self.started = self.complete = True
+        try:
+            await self._send({"type": "http.response.start", "status": 499, "headers": []})
+            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+        except OSError:  # ASGI 2.4: send on a closed connection raises an OSError
+            pass
+
+    def _finish(self, route: str, outcome: RequestOutcome, budget: float) -> None:
+        if _events.active():
+            duration = _clock.now() - self._started_at
+            _events.emit(_events.RequestFinished(route, outcome, duration, budget))
+
+    # Watching for the caller leaving.
+
+    def _arm(self, headers: list[tuple[bytes, bytes]]) -> None:
+        try:
+            self._host = asyncio.current_task()
+        except RuntimeError:  # not asyncio (trio): the deadline applies, no watcher
+            return
+        if self._host is None:
+            return
+        self._loop = self._host.get_loop()
+        # With "Expect: 100-continue" the server answers "100 Continue" on the first
+        # receive(); read ahead only after the app asked for the body itself.
+        self._may_read_ahead = not any(
+            key.lower() == b"expect" and value.lower() == b"100-continue" for key, value in headers
+        )
+        self._timer = self._loop.call_later(self._mw._watch_after, self._start_pump)
+
+    def _disarm(self) -> None:
+        self._active = False
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._pump is not None and not self._pump.done():
+            self._pump.cancel()
+        self._uncancel()
+
+    def _start_pump(self) -> None:
+        self._timer = None
+        if not self._active or self._eof or self.complete or self._pump is not None:
+            return
+        if self._direct or not self._may_read_ahead:
+            self._pump_wanted = True  # start when the app's own read returns
+            return
+        assert self._loop is not None
+        self._pump = self._loop.create_task(self._run_pump(), name="deadlines-asgi-watch")
+
+    async def _run_pump(self) -> None:
+        assert self._loop is not None
+        try:
+            while True:
+                while self._bytes >= self._mw._read_ahead and self._bytes:
+                    self._room = self._loop.create_future()
+                    await self._room
+                message = await self._receive()
+                self.buffer.append(message)
+                self._bytes += len(message.get("body", b""))
+                self._wake_readers()
+                self._note(message)
+                if message["type"] == "http.disconnect":
+                    return
+        except Exception as exc:  # the server's receive failed: hand it to the app
+            self._pump_error = exc
+            self._wake_readers()
+
+    def _wake_readers(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _note(self, message: Message) -> None:
+        if message["type"] == "http.disconnect":
+            self._eof = True
+            if not self.complete and self.caller_left is None and self._active:
+                elapsed = _clock.now() - self._started_at
+                self.caller_left = CallerLeft(
+                    f"the caller left after {elapsed * 1000:.0f} ms, before the response"
+                    " was complete"
+                )
+                if self._loop is not None:
+                    # Cancel from the loop, never from inside the request's own task.
+                    self._loop.call_soon(self._cancel_host)
+
+    def _cancel_host(self) -> None:
+        host = self._host
+        if self._active and host is not None and not host.done():
+            host.cancel(msg=self.caller_left)
+            self._cancels += 1
+
+    def _uncancel(self) -> None:
+        while self._cancels and self._host is not None:
+            self._host.uncancel()
+            self._cancels -= 1
+
+    # What the app sees.
+
+    async def receive(self) -> Message:
+        """The next message the server sent, through the watcher's buffer if it runs."""
+        while True:
+            if self.buffer:
+                message = self.buffer[0]
+                if message["type"] != "http.disconnect":  # repeat disconnect forever
+                    self.buffer.popleft()
+                    self._bytes -= len(message.get("body", b""))
+                    room = self._room
+                    if room is not None and not room.done():
+                        room.set_result(None)
+                return message
+            if self._pump_error is not None:
+                raise self._pump_error
+            if self._pump is None:
+                return await self._read_direct()
+            assert self._loop is not None
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            await waiter
+
+    async def _read_direct(self) -> Message:
+        self._direct += 1
+        try:
+            message = await self._receive()
+        finally:
+            self._direct -= 1
+        self._may_read_ahead = True
+        self._note(message)
+        if self._pump_wanted and not self._direct:
+            self._pump_wanted = False
+            self._start_pump()
+        return message
+
+    async def send(self, message: Message) -> None:
+        """Pass `message` on, noting when the response starts and completes."""
+        kind = message["type"]
+        if kind == "http.response.start":
+            self.started = True
+        elif (kind == "http.response.body" and not message.get("more_body", False)) or (
+            kind == "http.response.pathsend"
+        ):
+            self.complete = True
+        await self._send(message)
+
+
+def _routes_of(app: Any) -> list[Any] | None:
+    """The routes of a Starlette-like app or router, or None."""
+    router = getattr(app, "router", app)
+    routes = getattr(router, "routes", None)
+    return routes if isinstance(routes, list) else None
+
+
+def _match_framework_route(
+    app: Any, scope: Scope, prefix: str = "", depth: int = 0
+) -> tuple[str | None, Limits | None]:
+    """The matching Starlette/FastAPI route's path template and marked limits, if any.
+
+    Uses the framework's own `route.matches(scope)`, which does not change the scope.
+    """
+    routes = _routes_of(app)
+    if routes is None or depth > 3:
+        return None, None
+    partial: tuple[str | None, Limits | None] | None = None
+    for route in routes:
+        matches = getattr(route, "matches", None)
+        if matches is None:
+            continue
+        try:
+            match, child = matches(scope)
+        except Exception:  # a custom route that cannot match this scope
+            continue
+        name = getattr(match, "name", "")
+        if name not in ("FULL", "PARTIAL"):
+            continue
+        template = prefix + str(getattr(route, "path", ""))
+        if _routes_of(route) is not None and getattr(route, "endpoint", None) is None:
+            found = _match_framework_route(route, {**scope, **child}, template, depth + 1)
+            if found[0] is not None:
+                return found
+            continue
+        result = (template or None, _route_limits(route))
+        if name == "FULL":
+            return result
+        partial = partial or result
+    return partial or (None, None)
+
+
+def _route_limits(route: Any) -> Limits | None:
+    """Limits marked on the endpoint, or on one of its FastAPI dependencies."""
+    found = _inbound.limits_of(getattr(route, "endpoint", None))
+    if found is not None:
+        return found
+    dependant = getattr(route, "dependant", None)
+    for dependency in getattr(dependant, "dependencies", None) or ():
+        found = _inbound.limits_of(getattr(dependency, "call", None))
+        if found is not None:
+            return found
+    return None

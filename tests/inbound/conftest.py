@@ -1,0 +1,182 @@
+"""Real servers on loopback for the inbound middleware tests, each in its own thread."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import deadlines
+
+
+def free_socket() -> socket.socket:
+    """A listening TCP socket on a free loopback port."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
+def free_port() -> int:
+    """A loopback port that was free a moment ago."""
+    with contextlib.closing(free_socket()) as sock:
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def _wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise RuntimeError(f"{what} did not happen within {timeout} s")
+        time.sleep(0.005)
+
+
+@contextlib.contextmanager
+def serve_uvicorn(app: Any, *, http: str = "auto") -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a thread; yields its base URL."""
+    import uvicorn
+
+    sock = free_socket()
+    config = uvicorn.Config(
+        app,
+        http=http,
+        ws="none",
+        lifespan="off",
+        log_level="critical",
+        access_log=False,
+        timeout_graceful_shutdown=2,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        _wait(lambda: server.started, "uvicorn start")
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+        assert not thread.is_alive(), "uvicorn did not stop"
+
+
+@contextlib.contextmanager
+def serve_hypercorn(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with hypercorn (asyncio) in a thread; yields its base URL."""
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    port = free_port()
+    config = Config()
+    config.bind = [f"127.0.0.1:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 1.0
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    thread = threading.Thread(
+        target=loop.run_until_complete,
+        args=(serve(app, config, shutdown_trigger=stop.wait, mode="asgi"),),  # type: ignore[arg-type]
+        daemon=True,
+    )
+    thread.start()
+    try:
+        _wait(lambda: _connectable(port), "hypercorn start")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+        loop.close()
+        assert not thread.is_alive(), "hypercorn did not stop"
+
+
+def _connectable(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+class Events:
+    """Every deadlines event emitted while the fixture is active, from any thread."""
+
+    def __init__(self) -> None:
+        self.items: list[deadlines.Event] = []
+        self._open: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, event: deadlines.Event) -> None:
+        with self._lock:
+            # A request that started before the fixture (a previous test's) is ignored.
+            if isinstance(event, deadlines.RequestStarted):
+                self._open[event.route] = self._open.get(event.route, 0) + 1
+            elif isinstance(event, deadlines.RequestFinished):
+                if not self._open.get(event.route):
+                    return
+                self._open[event.route] -= 1
+            self.items.append(event)
+
+    def finished(self, route: str | None = None) -> list[deadlines.RequestFinished]:
+        """RequestFinished events, optionally for one route label."""
+        return [
+            e
+            for e in self.items
+            if isinstance(e, deadlines.RequestFinished) and (route is None or e.route == route)
+        ]
+
+    def wait_finished(
+        self, count: int = 1, timeout: float = 5.0
+    ) -> list[deadlines.RequestFinished]:
+        """Block until `count` requests have finished (servers run in other threads)."""
+        _wait(lambda: len(self.finished()) >= count, f"{count} finished requests", timeout)
+        return self.finished()
+
+
+@pytest.fixture
+def events() -> Iterator[Events]:
+    """Record deadlines events for the duration of a test."""
+    recorder = Events()
+    unsubscribe = deadlines.observe(recorder)
+    try:
+        yield recorder
+    finally:
+        unsubscribe()
+
+
+def raw_request(port: int, data: bytes, *, timeout: float = 5.0) -> bytes:
+    """Send raw bytes to a loopback port and return everything the server answers."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks: list[bytes] = []
+        while True:
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+            if b"\r\n\r\n" in b"".join(chunks) and _complete(b"".join(chunks)):
+                break
+        return b"".join(chunks)
+
+
+def _complete(data: bytes) -> bool:
+    head, _, body = data.partition(b"\r\n\r\n")
+    for line in head.split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return len(body) >= int(line.split(b":", 1)[1])
+    return False
+
+
+def status_of(response: bytes) -> int:
+    """The status code of a raw HTTP/1.1 response."""
+    return int(response.split(b" ", 2)[1])
