@@ -15,7 +15,10 @@ from collections.abc import Sequence
 from . import __version__
 
 #: subcommand -> (module with `add_arguments(parser)` and `run(args) -> int`, help)
-_COMMANDS: dict[str, tuple[str, str]] = {}
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "plan": ("deadlines.plan.cli", "Propose timeouts from measured latency; check a call tree."),
+    "sim": ("deadlines.sim.cli", "Simulate a scenario (TOML): cascades, chains, slow servers."),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,39 @@
+"""Durations in the planner's input: ``"40ms"``, ``"2s"``, ``"1.5 s"`` or a number of seconds."""
+
+from __future__ import annotations
+
+import math
+import re
+
+_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
+_PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(us|µs|ms|s|min|m)\s*$")
+
+EXPECTED = 'a duration like "40ms" or "2s", or a number of seconds'
+
+
+def parse(value: object) -> float:
+    """Seconds from a TOML value; raises `ValueError` with what was expected."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"expected {EXPECTED}, got {value!r}")
+    if isinstance(value, str):
+        match = _PATTERN.match(value)
+        if match is None:
+            raise ValueError(f"expected {EXPECTED}, got {value!r}")
+        result = float(match.group(1)) * _UNITS[match.group(2)]
+    else:
+        result = float(value)
+    if not math.isfinite(result) or result < 0:
+        raise ValueError(f"expected a finite duration >= 0, got {value!r}")
+    return result
+
+
+def format_seconds(seconds: float) -> str:
+    """A short human reading: ``500 ms``, ``1.5 s``, ``0.4 ms``."""
+    if math.isinf(seconds):
+        return "∞"
+    if seconds >= 1.0:
+        return f"{seconds:.3g} s"
+    ms = seconds * 1000.0
+    if ms >= 10:
+        return f"{ms:.0f} ms"
+    return f"{ms:.2g} ms"

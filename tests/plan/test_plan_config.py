@@ -1,0 +1,132 @@
+"""Plan files: the chapter's examples load, and malformed ones say which line and what."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from deadlines.plan import PlanError, load, parse
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "plan"
+
+MINIMAL = """\
+[route]
+name = "GET /x"
+deadline = "2s"
+
+[[route.calls]]
+name = "pricing"
+latency = { p50 = "40ms", p99 = "180ms", p999 = "310ms" }
+"""
+
+
+def _error(text: str) -> PlanError:
+    with pytest.raises(PlanError) as info:
+        parse(text, file="p.toml")
+    return info.value
+
+
+def test_examples_load() -> None:
+    """Every example plan loads, with its CSV and Prometheus samples."""
+    for path in sorted(EXAMPLES.glob("*.toml")):
+        route = load(path)
+        assert route.deadline > 0
+        assert route.body.items
+
+
+def test_minimal_plan() -> None:
+    """Durations are strings with units or numbers of seconds."""
+    route = parse(MINIMAL.replace('"2s"', "2.5"), file="p.toml")
+    assert route.deadline == 2.5
+    call = route.body.items[0]
+    assert call.name == "pricing"
+    assert call.latency.p999 == pytest.approx(0.31)
+
+
+def test_bad_duration_names_line_and_expectation() -> None:
+    """A duration that is not one names its line, its key and what was expected."""
+    error = _error(MINIMAL.replace('p99 = "180ms"', 'p99 = "fast"'))
+    assert error.line == 7
+    assert error.where == "route.calls[0].latency.p99"
+    assert 'expected a duration like "40ms"' in str(error)
+    assert str(error).startswith("p.toml:7: route.calls[0].latency.p99: ")
+
+
+def test_toml_syntax_error_names_line() -> None:
+    """Broken TOML reports the line tomllib found."""
+    error = _error(MINIMAL.replace('deadline = "2s"', "deadline = 2s"))
+    assert error.line == 3
+    assert "expected valid TOML" in str(error)
+
+
+def test_unknown_key_is_a_typo() -> None:
+    """A misspelt key is named, with the keys that are allowed."""
+    error = _error(MINIMAL + 'timout = "1s"\n')
+    assert error.line == 8
+    assert "unknown key 'timout'" in str(error)
+    assert "timeout" in str(error)
+
+
+def test_missing_pieces() -> None:
+    """Missing route, deadline, calls or latency source are each explained."""
+    assert "expected a [route] table" in str(_error("[[layers]]\nname='b'\ntimeout='1s'\n"))
+    assert "expected deadline =" in str(_error(MINIMAL.replace('deadline = "2s"\n', "")))
+    no_calls = _error('[route]\nname = "x"\ndeadline = "1s"\n')
+    assert "expected at least one [[route.calls]]" in str(no_calls)
+    neither = _error(
+        MINIMAL.replace(
+            'latency = { p50 = "40ms", p99 = "180ms", p999 = "310ms" }',
+            'latency = { p50 = "40ms" }',
+        )
+    )
+    assert "expected exactly one of" in str(neither)
+    assert neither.line == 7
+
+
+def test_quantiles_out_of_order() -> None:
+    """p50 <= p99 <= p99.9 is checked."""
+    error = _error(MINIMAL.replace('p999 = "310ms"', 'p999 = "100ms"'))
+    assert "expected p99 <= p99.9" in str(error)
+    assert error.line == 7
+
+
+def test_errors_in_nested_arrays_of_tables() -> None:
+    """Errors deep in nested [[route.calls.calls]] point at the right line."""
+    text = MINIMAL + (
+        '\n[[route.calls]]\nname = "fan"\nmode = "parallel"\n\n'
+        '[[route.calls.calls]]\nname = "a"\nlatency = { p50 = "1ms", p99 = "2ms" }\n\n'
+        '[[route.calls.calls]]\nname = "b"\nlatency = { p50 = "1ms", p99 = "2ms" }\n'
+        "attempts = 0\n"
+    )
+    error = _error(text)
+    assert error.where == "route.calls[1].calls[1].attempts"
+    assert error.line == 20
+    assert "expected an integer 1-100" in str(error)
+
+
+def test_wrong_types() -> None:
+    """Booleans, modes and tables of the wrong type are named."""
+    assert "expected true or false" in str(_error(MINIMAL + "critical = 1\n"))
+    mode = _error(MINIMAL.replace('deadline = "2s"', 'deadline = "2s"\nmode = "fanout"'))
+    assert "expected 'sequential' or 'parallel'" in str(mode)
+    assert mode.line == 4
+    latency = _error(MINIMAL.replace('{ p50 = "40ms", p99 = "180ms", p999 = "310ms" }', '"fast"'))
+    assert "route.calls[0].latency: expected a table, got a string" in str(latency)
+
+
+def test_sample_file_errors_name_the_sample_file(tmp_path: Path) -> None:
+    """A bad line in a CSV file is reported in that file, not in the plan."""
+    (tmp_path / "s.csv").write_text("latency_ms\n" + "5\n" * 150 + "oops\n")
+    plan = tmp_path / "p.toml"
+    plan.write_text(
+        MINIMAL.replace('{ p50 = "40ms", p99 = "180ms", p999 = "310ms" }', '{ csv = "s.csv" }')
+    )
+    with pytest.raises(PlanError) as info:
+        load(plan)
+    assert info.value.file == str(tmp_path / "s.csv")
+    assert info.value.line == 152
+    missing = tmp_path / "q.toml"
+    missing.write_text(plan.read_text().replace("s.csv", "nope.csv"))
+    with pytest.raises(PlanError, match="cannot read"):
+        load(missing)
