@@ -195,21 +195,30 @@ async def test_cancelled_before_the_deadline_stays_cancelled(registry: Collector
 
 async def test_fail_fast_counts_and_leaves_in_flight_alone(registry: CollectorRegistry) -> None:
     """A call refused for lack of budget is a fail-fast, never an in-flight call."""
-    dep = Dependency("recs", min_useful=0.5)
-    async with HttpServer(delay=0) as server:
+    dep = Dependency("recs", min_useful=0.5, headers=5)
+    async with HttpServer(delay=None) as server:
         client = TinyClient(dep, server.port)
-        await client.get()
+        hung = asyncio.create_task(client.get())
+        await server.wait_requests(1)
         with deadlines.scope(0.1), pytest.raises(BudgetExhausted):
             await client.get()
+        s = scrape(registry)
+        hung.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await hung
     assert server.requests == 1
-    s = scrape(registry)
     assert value(s, "deadlines_outbound_fail_fast_total", dependency="recs") == 1
     assert (
         value(s, "deadlines_outbound_calls_total", dependency="recs", outcome="budget_exhausted")
         == 1
     )
-    assert value(s, "deadlines_outbound_calls_total", dependency="recs", outcome="ok") == 1
-    assert value(s, "deadlines_outbound_in_flight", dependency="recs") == 0
+    assert value(s, "deadlines_outbound_in_flight", dependency="recs") == 1  # the hung one
+    assert value(s, "deadlines_outbound_budget_seconds_count", dependency="recs") == 1
+    after = scrape(registry)
+    assert value(after, "deadlines_outbound_in_flight", dependency="recs") == 0
+    assert (
+        value(after, "deadlines_outbound_calls_total", dependency="recs", outcome="cancelled") == 1
+    )
 
 
 def test_inbound_and_job_events_become_series(registry: CollectorRegistry) -> None:

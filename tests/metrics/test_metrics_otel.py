@@ -1,0 +1,249 @@
+"""deadlines.otel: spans and metrics from real calls, read from the SDK's in-memory exporters."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from metrics_net import HttpServer, TinyClient
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode, Tracer
+
+import deadlines
+from deadlines import (
+    BudgetExhausted,
+    CallFinished,
+    Dependency,
+    HeadersTimeout,
+    JobDropped,
+    RequestFinished,
+    RequestStarted,
+    otel,
+)
+from deadlines._events import emit
+
+pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class OTel:
+    """An SDK meter and tracer provider with in-memory exporters, deadlines installed."""
+
+    reader: InMemoryMetricReader
+    spans: InMemorySpanExporter
+    tracer: Tracer
+    telemetry: otel.Telemetry
+
+    def points(self, name: str) -> dict[tuple[tuple[str, Any], ...], Any]:
+        """The data points of metric `name`, keyed by sorted attributes."""
+        found: dict[tuple[tuple[str, Any], ...], Any] = {}
+        data = self.reader.get_metrics_data()
+        for rm in data.resource_metrics if data else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    if metric.name == name:
+                        for point in metric.data.data_points:
+                            found[tuple(sorted(point.attributes.items()))] = point
+        return found
+
+    def point(self, name: str, **attributes: str) -> Any:
+        """One data point of `name` with exactly `attributes`, or None."""
+        return self.points(name).get(tuple(sorted(attributes.items())))
+
+    def finished(self, name: str) -> list[ReadableSpan]:
+        """Finished spans called `name`."""
+        return [s for s in self.spans.get_finished_spans() if s.name == name]
+
+
+def _make(*, call_spans: bool = True) -> Iterator[OTel]:
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    exporter = InMemorySpanExporter()
+    tracers = TracerProvider()
+    tracers.add_span_processor(SimpleSpanProcessor(exporter))
+    with otel.install(meters, tracers, call_spans=call_spans) as telemetry:
+        yield OTel(reader, exporter, tracers.get_tracer("test"), telemetry)
+    meters.shutdown()
+    tracers.shutdown()
+
+
+@pytest.fixture
+def tel() -> Iterator[OTel]:
+    """deadlines.otel installed on fresh SDK providers with in-memory exporters."""
+    yield from _make()
+
+
+@pytest.mark.realtime
+async def test_hung_dependency_in_flight_timeouts_and_spans(tel: OTel) -> None:
+    """Hung calls show in flight, then as headers timeouts, on metrics and on spans."""
+    dep = Dependency("inventory", headers=0.6)
+    async with HttpServer(delay=None) as server:
+        client = TinyClient(dep, server.port)
+        with tel.tracer.start_as_current_span("GET /checkout") as handler:
+            calls = [asyncio.create_task(client.get()) for _ in range(3)]
+            await server.wait_requests(3)
+            in_flight = tel.point("deadlines.outbound.in_flight", dependency="inventory").value
+            results = await asyncio.gather(*calls, return_exceptions=True)
+    assert in_flight == 3
+    assert all(isinstance(r, HeadersTimeout) for r in results), results
+    assert tel.point("deadlines.outbound.in_flight", dependency="inventory").value == 0
+    timeouts = tel.point("deadlines.outbound.timeouts", dependency="inventory", phase="headers")
+    assert timeouts.value == 3
+    calls_point = tel.point("deadlines.outbound.calls", dependency="inventory", outcome="timeout")
+    assert calls_point.value == 3
+    (hop,) = tel.finished("GET /checkout")
+    assert hop.attributes is not None
+    assert hop.attributes["deadlines.timeout.phase"] == "headers"
+    assert hop.attributes["deadlines.timeout.dependency"] == "inventory"
+    assert hop.attributes["deadlines.timeout.request_sent"] is True
+    children = tel.finished("deadlines.call inventory")
+    assert len(children) == 3
+    for child in children:
+        assert child.parent is not None
+        assert child.parent.span_id == handler.get_span_context().span_id
+        assert child.status.status_code is StatusCode.ERROR
+        assert child.attributes is not None
+        assert child.attributes["deadlines.phase"] == "headers"
+        assert child.attributes["deadlines.limit"] == pytest.approx(0.6)
+        assert child.attributes["deadlines.outcome"] == "timeout"
+        assert child.start_time is not None and child.end_time is not None
+        assert 0.59 <= (child.end_time - child.start_time) / 1e9 <= 1.2
+        assert any(e.name == "exception" for e in child.events)
+
+
+@pytest.mark.realtime
+async def test_full_pool_wait_on_histogram_and_call_span(tel: OTel) -> None:
+    """The call that waited for the only connection says so, apart from server time."""
+    dep = Dependency("pricing", pool_size=1, headers=5)
+    async with HttpServer(delay=0.4) as server:
+        client = TinyClient(dep, server.port)
+        with tel.tracer.start_as_current_span("GET /home"):
+            await asyncio.gather(client.get(), client.get())
+    hist = tel.point("deadlines.outbound.pool_wait", dependency="pricing")
+    assert hist.count == 2
+    assert 0.39 <= hist.sum <= 0.9
+    bounds = list(hist.explicit_bounds)
+    assert bounds == list(otel.DEFAULT_BUCKETS)
+    assert sum(hist.bucket_counts[: bounds.index(0.1) + 1]) == 1  # the first: no wait
+    waits = sorted(
+        s.attributes["deadlines.pool_wait"]
+        for s in tel.finished("deadlines.call pricing")
+        if s.attributes is not None
+    )
+    assert waits[0] < 0.1 <= 0.39 <= waits[1]
+    duration = tel.point("deadlines.outbound.duration", dependency="pricing", outcome="ok")
+    assert 0.78 <= duration.sum - hist.sum <= 1.6  # two calls' worth of server time
+
+
+async def test_remaining_budget_and_fail_fast_on_call_spans(tel: OTel) -> None:
+    """Each call span carries the budget left at its start; a fail-fast is an error span."""
+    dep = Dependency("recs", min_useful=0.5)
+    async with HttpServer(delay=0) as server:
+        client = TinyClient(dep, server.port)
+        with tel.tracer.start_as_current_span("GET /home"):
+            async with deadlines.scope(2.0):
+                await client.get()
+            async with HttpServer(delay=None) as hung_server:
+                hung = asyncio.create_task(TinyClient(dep, hung_server.port).get())
+                await hung_server.wait_requests(1)
+                with deadlines.scope(0.1), pytest.raises(BudgetExhausted):
+                    await client.get()
+                in_flight = tel.point("deadlines.outbound.in_flight", dependency="recs")
+                hung.cancel()
+                await asyncio.gather(hung, return_exceptions=True)
+    by_outcome = {
+        s.attributes["deadlines.outcome"]: s
+        for s in tel.finished("deadlines.call recs")
+        if s.attributes is not None
+    }
+    ok, refused = by_outcome["ok"], by_outcome["budget_exhausted"]
+    assert ok.attributes is not None and refused.attributes is not None
+    assert ok.attributes["deadlines.outcome"] == "ok"
+    assert 1.5 < ok.attributes["deadlines.remaining"] <= 2.0
+    assert ok.status.status_code is StatusCode.UNSET
+    assert refused.attributes["deadlines.outcome"] == "budget_exhausted"
+    assert refused.attributes["deadlines.request_sent"] is False
+    assert refused.status.status_code is StatusCode.ERROR
+    assert tel.point("deadlines.outbound.fail_fast", dependency="recs").value == 1
+    assert in_flight.value == 1  # the hung call only, not the refused one
+    assert tel.point("deadlines.outbound.in_flight", dependency="recs").value == 0
+    budget = tel.point("deadlines.outbound.budget", dependency="recs")
+    assert budget.count == 2  # the hung call had no deadline: no budget to record
+    assert set(by_outcome) == {"ok", "budget_exhausted", "cancelled"}
+
+
+def test_inbound_request_attributes_and_metrics(tel: OTel) -> None:
+    """An inbound request's budget and outcome go on its span and into the metrics."""
+    with tel.tracer.start_as_current_span("GET /orders/{id}"):
+        emit(RequestStarted("/orders/{id}", 1.45))
+        in_flight = tel.point("deadlines.inbound.in_flight", route="/orders/{id}").value
+        emit(RequestFinished("/orders/{id}", "caller_left", 0.3, 1.45))
+        emit(JobDropped("emails", 2.0))
+    (span,) = tel.finished("GET /orders/{id}")
+    assert span.attributes is not None
+    assert span.attributes["deadlines.request.budget"] == 1.45
+    assert span.attributes["deadlines.request.outcome"] == "caller_left"
+    assert [e.name for e in span.events] == ["deadlines.job_dropped"]
+    assert in_flight == 1
+    assert tel.point("deadlines.inbound.in_flight", route="/orders/{id}").value == 0
+    left = tel.point("deadlines.inbound.requests", route="/orders/{id}", outcome="caller_left")
+    assert left.value == 1
+    assert tel.point("deadlines.inbound.caller_left", route="/orders/{id}").value == 1
+    assert tel.point("deadlines.inbound.budget", route="/orders/{id}").sum == 1.45
+    assert tel.point("deadlines.jobs.expired", queue="emails").value == 1
+
+
+def test_without_a_recording_span_no_spans_only_metrics(tel: OTel) -> None:
+    """Outside any trace nothing is traced (no orphan roots) but metrics still count."""
+    emit(CallFinished("pricing", "timeout", 0.2, 1.0, phase="connect", request_sent=False))
+    assert tel.spans.get_finished_spans() == ()
+    assert (
+        tel.point("deadlines.outbound.timeouts", dependency="pricing", phase="connect").value == 1
+    )
+
+
+def test_call_events_instead_of_spans() -> None:
+    """With call_spans=False each call is an event on the current span."""
+    for tel in _make(call_spans=False):
+        with tel.tracer.start_as_current_span("hop"):
+            emit(CallFinished("pricing", "ok", 0.01, 2.0, pool_wait=0.001))
+        (span,) = tel.spans.get_finished_spans()
+        (event,) = span.events
+        assert event.name == "deadlines.call"
+        assert event.attributes is not None
+        assert event.attributes["deadlines.dependency"] == "pricing"
+        assert event.attributes["deadlines.remaining"] == 2.0
+
+
+def test_one_installation_per_meter_provider() -> None:
+    """A second install on the same meter provider is refused; after uninstall, quiet."""
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    first = otel.install(meters)
+    with pytest.raises(ValueError, match="already installed"):
+        otel.install(meters)
+    first.uninstall()
+    with otel.install(meters):
+        emit(JobDropped("q", 1.0))
+    emit(JobDropped("q", 1.0))
+    data = reader.get_metrics_data()
+    assert data is not None
+    (point,) = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        if m.name == "deadlines.jobs.expired"
+        for p in m.data.data_points
+    ]
+    assert point.value == 1
+    meters.shutdown()
+    with pytest.raises(ValueError, match="strictly increasing"):
+        otel.install(MeterProvider(), buckets=[2, 1])
