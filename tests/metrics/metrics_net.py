@@ -11,8 +11,11 @@ import asyncio
 import contextlib
 import select
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from types import TracebackType
+from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -164,7 +167,11 @@ class TinyClient:
 
 def scrape(registry: CollectorRegistry) -> Samples:
     """Every sample in the registry's text exposition, keyed by (name, sorted labels)."""
-    text = generate_latest(registry).decode()
+    return parse(generate_latest(registry).decode())
+
+
+def parse(text: str) -> Samples:
+    """Every sample in a Prometheus text exposition, keyed by (name, sorted labels)."""
     samples: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -175,3 +182,28 @@ def scrape(registry: CollectorRegistry) -> Samples:
 def value(samples: Samples, name: str, **labels: str) -> float | None:
     """The sample `name` with exactly `labels`, or None when it is not exported."""
     return samples.get((name, tuple(sorted(labels.items()))))
+
+
+@contextlib.contextmanager
+def serve_uvicorn(app: Any) -> Iterator[int]:
+    """Serve an ASGI app with uvicorn in its own thread on loopback; yields the port."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    config = uvicorn.Config(app, lifespan="off", log_level="critical", access_log=False)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        end = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < end and thread.is_alive(), "uvicorn did not start"
+            time.sleep(0.005)
+        yield sock.getsockname()[1]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+        assert not thread.is_alive(), "uvicorn did not stop"
