@@ -76,13 +76,24 @@ class JobExpired(DeadlineExceeded):
     having less than `min_useful` left) and `deadline_at` (the stored Unix time).
     """
 
-    def __init__(self, *, queue: str, late: float, deadline_at: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        queue: str = "default",
+        late: float = 0.0,
+        deadline_at: float | None = None,
+    ) -> None:
+        # `message` first and every attribute optional: a result backend (Celery's)
+        # rebuilds the exception from its message alone.
         self.queue = queue
         self.late = late
         self.deadline_at = deadline_at
         how = f"{late * 1000:.0f} ms past its deadline" if late >= 0 else "too close to it"
         super().__init__(
-            f"job on queue {queue!r} dropped before running: {how}", limit=0.0, elapsed=late
+            message or f"job on queue {queue!r} dropped before running: {how}",
+            limit=0.0,
+            elapsed=late,
         )
 
 
