@@ -1,0 +1,237 @@
+"""Experiment `cascade` (the chapter's Part 3): no timeout, as a cascade.
+
+An API (one process) with `/home` (recommendations ∥ price) and `/checkout` (price)
+calls one downstream host (another process). At t=0 recommendations stop answering.
+An open-loop load of /home and /checkout runs for a while; the client gives /checkout
+a few seconds. Per variant: /home requests in flight over time, /checkout outcomes,
+and the most connections the downstream ever saw open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from . import report
+from .harness import Processes
+from .load import LoadRun, percentile, run_open_loop
+from .progress import Progress
+
+VARIANTS = ("no_timeout", "timeout", "bulkhead", "deadlines")
+_LABELS = {
+    "no_timeout": "No timeout, one shared pool",
+    "timeout": "Timeout on recommendations, page renders without them",
+    "bulkhead": "Separate pool for recommendations, no timeout",
+    "deadlines": "deadlines: request deadline + pool per dependency + fallback",
+}
+
+
+@dataclass(frozen=True)
+class Params:
+    """The experiment's knobs (the chapter's numbers are the defaults)."""
+
+    duration: float = 10.0
+    home_rate: float = 50.0
+    checkout_rate: float = 10.0
+    pool_size: int = 20
+    recs_timeout: float = 0.3
+    checkout_timeout: float = 5.0
+    home_deadline: float = 1.0
+    price_ms: float = 5.0
+    sample_every: float = 0.5
+    variants: tuple[str, ...] = field(default=VARIANTS)
+
+
+def quick() -> Params:
+    """A short run for tests."""
+    return Params(duration=2.5, checkout_timeout=1.5, sample_every=0.25)
+
+
+def expected_seconds(p: Params) -> float:
+    """About how long `run` takes."""
+    return len(p.variants) * (p.duration + p.checkout_timeout + 1.5)
+
+
+async def _sample(
+    session: aiohttp.ClientSession, url: str, every: float, until: float
+) -> list[list[float]]:
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    series: list[list[float]] = []
+    n = 0
+    while True:
+        target = t0 + n * every
+        if target - t0 > until + 1e-9:
+            return series
+        await asyncio.sleep(max(0.0, target - loop.time()))
+        async with session.get(url) as resp:
+            stats = await resp.json()
+        series.append([round(n * every, 3), stats["home_in_flight"]])
+        n += 1
+
+
+async def _drive(p: Params, api: str, downstream: str) -> tuple[LoadRun, list[list[float]], int]:
+    timeout_none = aiohttp.ClientTimeout(total=None)
+    checkout_timeout = aiohttp.ClientTimeout(total=p.checkout_timeout)
+    checkout_headers = {"x-request-timeout-ms": str(round(p.checkout_timeout * 1000))}
+    load = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout_none)
+    control = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5))
+
+    async def fire(kind: str, index: int) -> tuple[int | None, str | None]:
+        try:
+            if kind == "home":
+                async with load.get(api + "/home") as resp:
+                    await resp.read()
+                    return resp.status, None
+            async with load.get(
+                api + "/checkout", timeout=checkout_timeout, headers=checkout_headers
+            ) as resp:
+                await resp.read()
+                return resp.status, None
+        except TimeoutError:
+            return None, "timeout"
+        except aiohttp.ClientError as exc:
+            return None, type(exc).__name__
+
+    try:
+        rates = {"home": p.home_rate, "checkout": p.checkout_rate}
+        sampler = asyncio.create_task(_sample(control, api + "/_stats", p.sample_every, p.duration))
+        run = await run_open_loop(
+            rates,
+            p.duration,
+            fire,
+            drain=p.checkout_timeout + 1.0,
+            wait_for=("checkout",),
+        )
+        series = await sampler
+        async with control.get(downstream + "/_stats") as resp:
+            down = await resp.json()
+        return run, series, int(down["max_open"])
+    finally:
+        with contextlib.suppress(Exception):
+            await load.close()
+        await control.close()
+
+
+def _summarise(run: LoadRun, series: list[list[float]], open_max: int) -> dict[str, Any]:
+    checkouts = run.of("checkout")
+    latencies = [s.latency * 1000.0 for s in checkouts if s.latency is not None]
+    p99 = percentile(latencies, 99)
+    homes = run.of("home")
+    return {
+        "home_in_flight_end": series[-1][1] if series else None,
+        "home_in_flight_series": series,
+        "checkout_ok": sum(1 for s in checkouts if s.ok),
+        "checkout_failed": sum(1 for s in checkouts if not s.ok),
+        "checkout_p99_ms": None if p99 is None else round(p99, 1),
+        "downstream_open_max": open_max,
+        "home_answered": sum(1 for s in homes if s.ok),
+        "load": run.rate_report(),
+    }
+
+
+def run_variant(p: Params, variant: str) -> dict[str, Any]:
+    """Start a fresh downstream and API for `variant`, load them, return its figures."""
+    with Processes() as procs:
+        down = procs.start("cascade_downstream", "--price-ms", str(p.price_ms))
+        api = procs.start(
+            "cascade_api",
+            "--downstream", down.url,
+            "--variant", variant,
+            "--pool-size", str(p.pool_size),
+            "--recs-timeout", str(p.recs_timeout),
+            "--home-deadline", str(p.home_deadline),
+            "--checkout-deadline", str(p.checkout_timeout),
+        )  # fmt: skip
+        run, series, open_max = asyncio.run(_drive(p, api.url, down.url))
+    return _summarise(run, series, open_max)
+
+
+def pending_variants() -> dict[str, str]:
+    """Variants that cannot run in this install, with why (modules not there yet)."""
+    from ._cascade_deadlines import missing
+
+    why = missing()
+    return {"deadlines": why} if why else {}
+
+
+def run(p: Params, progress: Progress) -> dict[str, Any]:
+    """Run every variant; the JSON-ready result."""
+    result: dict[str, Any] = {"params": _params_json(p), "variants": {}, "pending": {}}
+    unavailable = pending_variants()
+    for variant in p.variants:
+        if variant in unavailable:
+            result["pending"][variant] = unavailable[variant]
+            progress.note(f"cascade {variant}: pending ({unavailable[variant]})")
+            continue
+        with progress.step(f"cascade {variant}", p.duration + p.checkout_timeout + 1.5):
+            result["variants"][variant] = run_variant(p, variant)
+    return result
+
+
+def _params_json(p: Params) -> dict[str, Any]:
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in p.__dict__.items()}
+
+
+def tables(result: dict[str, Any]) -> list[report.Table]:
+    """The chapter's table, with the measured figures."""
+    p = result["params"]
+    table = report.Table(
+        f"cascade: /home in flight after {p['duration']:g} s; /checkout with a "
+        f"{p['checkout_timeout']:g} s client limit ({p['home_rate']:g} /home + "
+        f"{p['checkout_rate']:g} /checkout per s, pool of {p['pool_size']})",
+        ["variant", "/home in flight", "/checkout ok", "/checkout failed", "checkout p99",
+         "downstream open max", "rate achieved"],
+    )  # fmt: skip
+    for name, v in result["variants"].items():
+        series = v["home_in_flight_series"]
+        growth = ""
+        if len(series) >= 3:
+            half = series[len(series) // 2]
+            dt = series[-1][0] - half[0]
+            slope = (series[-1][1] - half[1]) / dt if dt else 0.0
+            growth = f", growing {slope:.0f}/s" if slope > 2 else ", flat"
+        sent = v["checkout_ok"] + v["checkout_failed"]
+        load = v["load"]
+        rate = "{:+.2f}% / {:+.2f}%".format(
+            load["home"]["error_pct"], load["checkout"]["error_pct"]
+        )
+        table.rows.append(
+            [
+                _LABELS.get(name, name),
+                f"{v['home_in_flight_end']}{growth}",
+                f"{v['checkout_ok']} of {sent}",
+                str(v["checkout_failed"]),
+                report.ms(v["checkout_p99_ms"]),
+                str(v["downstream_open_max"]),
+                rate,
+            ]
+        )
+    for name, why in result.get("pending", {}).items():
+        table.rows.append([_LABELS.get(name, name), "pending", "-", "-", "-", "-", why])
+    table.note = (
+        "checkout p99 counts failed calls at the time they gave up; "
+        "rate achieved = (achieved - requested) / requested for /home and /checkout."
+    )
+    return [table]
+
+
+def plot(result: dict[str, Any], path: str | Path) -> Path:
+    """In-flight /home requests over time, one line per variant."""
+    plt = report.pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, v in result["variants"].items():
+        xs = [pt[0] for pt in v["home_in_flight_series"]]
+        ys = [pt[1] for pt in v["home_in_flight_series"]]
+        ax.plot(xs, ys, marker=".", label=_LABELS.get(name, name))
+    ax.set_xlabel("seconds since recommendations stopped answering")
+    ax.set_ylabel("/home requests in flight")
+    ax.set_title("cascade: waiting piles up unless something bounds it")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return report.save_figure(fig, path)
