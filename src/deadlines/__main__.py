@@ -18,6 +18,7 @@ from . import __version__
 _COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("deadlines.plan.cli", "Propose timeouts from measured latency; check a call tree."),
     "sim": ("deadlines.sim.cli", "Simulate a scenario (TOML): cascades, chains, slow servers."),
+    "pg-audit": ("deadlines.postgres", "Report Postgres settings that run with no time limit."),
 }
 
 

@@ -225,8 +225,8 @@ def translate(exc: BaseException, limits: Limits) -> TimeoutError | None:
     if state == QUERY_CANCELED:
         if "statement timeout" in text:
             return _fired(limits, limits.statement_source, "statement")
-        if budget._request_end <= _clock.now():
-            return budget_error(budget, "deadline")  # our cancel, sent at the deadline
+        if _clock.now() >= budget.end:  # our cancel, sent when the budget ran out
+            return budget_error(budget, "total")
         return None
     if state == LOCK_NOT_AVAILABLE and "lock timeout" in text:
         return _fired(limits, limits.lock_source, "lock")
@@ -373,15 +373,23 @@ async def within(
     """
 
     async def bounded() -> bool:
-        try:
-            async with asyncio.timeout(max(0.0, seconds)):
-                await work()
-        except Exception:  # timed out or failed: the connection's state is unknown
-            result = give_up()
-            if result is not None:
-                await result
-            return False
-        return True
+        inner = asyncio.ensure_future(work())
+        done, _ = await asyncio.wait({inner}, timeout=max(0.0, seconds))
+        if not done:
+            # psycopg answers a first cancellation by cancelling on the server and
+            # waiting up to 10 s; a second one makes it close the connection.
+            for _ in range(10):
+                inner.cancel()
+                done, _ = await asyncio.wait({inner}, timeout=0.01)
+                if done:
+                    break
+            inner.add_done_callback(_consume)
+        elif not inner.cancelled() and inner.exception() is None:
+            return True
+        result = give_up()  # timed out or failed: the connection's state is unknown
+        if result is not None:
+            await result
+        return False
 
     task = keep(asyncio.ensure_future(bounded()))
     task.add_done_callback(_consume)
