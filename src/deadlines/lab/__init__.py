@@ -1,0 +1,1 @@
+"""The lab: misbehaving servers on loopback and the experiments that use them."""

@@ -1,0 +1,3 @@
+"""Fixtures for the outbound tests: each misbehaving server, started and stopped."""
+
+from __future__ import annotations
