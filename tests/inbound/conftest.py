@@ -180,3 +180,29 @@ def _complete(data: bytes) -> bool:
 def status_of(response: bytes) -> int:
     """The status code of a raw HTTP/1.1 response."""
     return int(response.split(b" ", 2)[1])
+
+
+@contextlib.contextmanager
+def serve_aiohttp(app: Any, **runner_options: Any) -> Iterator[str]:
+    """Serve an aiohttp.web app in a thread with its own loop; yields its base URL."""
+    from aiohttp import web
+
+    sock = free_socket()
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None, **runner_options)
+
+    async def start() -> None:
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(start(), loop).result(10)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        sock.close()

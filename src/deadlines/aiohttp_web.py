@@ -1,0 +1,200 @@
+"""`DeadlineMiddleware` for aiohttp.web: one deadline per request, 504, stop when the caller leaves.
+
+    from aiohttp import web
+    from deadlines.aiohttp_web import DeadlineMiddleware
+
+    app = web.Application(middlewares=[DeadlineMiddleware(default=2.0, maximum=10.0)])
+
+Same behaviour as `deadlines.asgi.DeadlineMiddleware`: the budget comes from the
+headers (``x-request-timeout-ms``, ``grpc-timeout``, Envoy's) capped at the route's
+maximum, minus a reserve; the handler runs inside `deadlines.scope`; a deadline that
+passes before the response starts gives a JSON 504, after it started the connection is
+closed; an already expired request is answered 504 without running the handler.
+
+Caller left: since aiohttp 3.7 a closed connection no longer cancels the handler (unless
+the server runs with ``handler_cancellation=True``), so work goes on for nobody. The
+middleware checks the connection every `watch_every` seconds while the handler runs and,
+once it is gone, cancels the handler's task with a `CallerLeft` reason. aiohttp has no
+public callback for a lost connection; the check reads `request.transport`, which
+aiohttp clears when the connection is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from . import _clock, _events, _inbound, _validate, wire
+from ._errors import CallerLeft, DeadlineExceeded
+from ._events import RequestOutcome
+from ._inbound import Limits, limits
+from ._scope import scope as deadline_scope
+
+try:
+    from aiohttp import web
+except ImportError as exc:  # pragma: no cover - exercised without aiohttp installed
+    raise ImportError(
+        "deadlines.aiohttp_web needs aiohttp: pip install 'deadlines[aiohttp]'"
+    ) from exc
+
+__all__ = ["DeadlineMiddleware", "Limits", "limits"]
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class DeadlineMiddleware:
+    """An aiohttp.web middleware giving each request one deadline (see the module docs).
+
+    Args:
+        default: Budget in seconds when the request carries no valid deadline header.
+        maximum: The most a caller may ask for; larger header values are capped.
+        reserve: Subtracted from the budget for the time on the wire and for the reply.
+        header: The milliseconds header to read in place of ``x-request-timeout-ms``.
+        routes: Limits per path pattern (``"/reports/*"``, ``"POST /upload"``); a handler
+            marked with `limits` takes precedence.
+        watch_every: Seconds between two checks of the caller's connection.
+    """
+
+    __middleware_version__ = 1  # a new-style aiohttp middleware
+
+    def __init__(
+        self,
+        *,
+        default: float | timedelta,
+        maximum: float | timedelta,
+        reserve: float | timedelta = 0.05,
+        header: str = wire.HEADER,
+        routes: Mapping[str, Limits] | None = None,
+        watch_every: float | timedelta = 0.01,
+    ) -> None:
+        self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
+        self._reserve = _validate.seconds(reserve, "reserve")
+        self._header = _inbound.header_name(header)
+        self._rename = self._header != wire.HEADER
+        self._watch_every = _validate.seconds(watch_every, "watch_every", allow_zero=False)
+
+    async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Run `handler` under the request's deadline."""
+        started = _clock.now()
+        route, limits_ = self._route(request)
+        headers: Any = (
+            _inbound.renamed(request.raw_headers, self._header.encode())
+            if self._rename
+            else request.headers
+        )
+        budget = _inbound.budget(headers, limits_, self._reserve)
+        if _events.active():
+            _events.emit(_events.RequestStarted(route, budget))
+        outcome: RequestOutcome = "error"
+        try:
+            if budget <= 0.0:
+                outcome = "budget_exhausted"
+                return self._timeout(headers, limits_, budget, started)
+            watch = _Watch(request, self._watch_every, started)
+            try:
+                response = await watch.run(handler, budget)
+            except asyncio.CancelledError:
+                if watch.caller_left is not None:
+                    outcome = "caller_left"
+                raise
+            except DeadlineExceeded as exc:
+                outcome = _inbound.deadline_outcome(exc)
+                if request.writer.output_size > 0:
+                    raise  # the response is half out: aiohttp closes the connection
+                return self._timeout(headers, limits_, budget, started)
+            outcome = "caller_left" if watch.caller_left is not None else "ok"
+            return response
+        finally:
+            if _events.active():
+                duration = _clock.now() - started
+                _events.emit(_events.RequestFinished(route, outcome, duration, budget))
+
+    def _route(self, request: web.Request) -> tuple[str, Limits]:
+        route = request.match_info.route
+        resource = getattr(route, "resource", None)
+        template = resource.canonical if resource is not None else None
+        pattern, table_limits = self._table.match(request.method, request.path)
+        marked = _inbound.limits_of(getattr(route, "handler", None))
+        return template or pattern or _inbound.UNMATCHED, marked or table_limits
+
+    def _timeout(
+        self, headers: Any, limits_: Limits, budget: float, started: float
+    ) -> web.Response:
+        body = _inbound.timeout_body(
+            limit=_inbound.binding_limit(headers, limits_, self._header),
+            budget=budget,
+            elapsed=_clock.now() - started,
+        )
+        return web.Response(
+            status=504,
+            body=body,
+            content_type="application/json",
+            headers={"cache-control": "no-store"},
+        )
+
+
+class _Watch:
+    """Runs one handler under the deadline and cancels it when the connection is lost."""
+
+    __slots__ = ("_cancels", "_every", "_host", "_request", "_started", "_timer", "caller_left")
+
+    def __init__(self, request: web.Request, every: float, started: float) -> None:
+        self._request = request
+        self._every = every
+        self._started = started
+        self._host: asyncio.Task[Any] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._cancels = 0
+        self.caller_left: CallerLeft | None = None
+
+    async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
+        self._host = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(self._every, self._check)
+        try:
+            async with deadline_scope(budget):
+                response = await handler(self._request)
+        except asyncio.CancelledError:
+            if not self._cancels:
+                if self._request.transport is None:  # aiohttp's handler_cancellation=True
+                    self.caller_left = self._left()
+                raise  # not ours: aiohttp's own, or server shutdown
+            self._uncancel()
+            if self._host is not None and self._host.cancelling():
+                raise
+            return web.Response(status=499)  # nobody reads it; aiohttp logs the access
+        except DeadlineExceeded:
+            if self.caller_left is not None:
+                return web.Response(status=499)
+            raise
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._uncancel()
+        return response
+
+    def _check(self) -> None:
+        """Timer callback: cancel the handler if the connection is gone, else look again."""
+        host = self._host
+        if self._timer is None or host is None or host.done():
+            return
+        if self._request.transport is None:
+            self.caller_left = self._left()
+            host.cancel(msg=self.caller_left)
+            self._cancels += 1
+            return
+        self._timer = host.get_loop().call_later(self._every, self._check)
+
+    def _left(self) -> CallerLeft:
+        elapsed = _clock.now() - self._started
+        return CallerLeft(
+            f"the caller left after {elapsed * 1000:.0f} ms, before the response was complete"
+        )
+
+    def _uncancel(self) -> None:
+        while self._cancels and self._host is not None:
+            self._host.uncancel()
+            self._cancels -= 1

@@ -1,0 +1,171 @@
+"""The aiohttp.web DeadlineMiddleware on a real aiohttp server on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from aiohttp import web
+
+import deadlines
+from deadlines.aiohttp_web import DeadlineMiddleware, Limits, limits
+
+from .apps import Record, sleep_recorded
+from .conftest import Events, serve_aiohttp
+
+pytestmark = pytest.mark.realtime
+
+
+def build(record: Record) -> web.Application:
+    """An aiohttp app whose handlers report what they saw."""
+
+    async def info(request: web.Request) -> web.Response:
+        return web.json_response({"remaining": deadlines.remaining()})
+
+    async def slow(request: web.Request) -> web.Response:
+        await sleep_recorded(record, request.query["id"], 10.0)
+        return web.Response(text="done")
+
+    async def echo(request: web.Request) -> web.Response:
+        body = await request.read()
+        return web.json_response({"sha": hashlib.sha256(body).hexdigest()})
+
+    async def stall(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"first;")
+        await sleep_recorded(record, request.query["id"], 10.0)
+        return response
+
+    @limits(default=5.0, maximum=8.0)
+    async def report(request: web.Request) -> web.Response:
+        return web.json_response({"remaining": deadlines.remaining()})
+
+    middleware = DeadlineMiddleware(
+        default=1.0, maximum=2.0, routes={"/bulk/*": Limits(default=3.0, maximum=4.0)}
+    )
+    app = web.Application(middlewares=[middleware], client_max_size=8 * 1024 * 1024)
+    app.router.add_get("/info", info)
+    app.router.add_get("/items/{item_id}", info)
+    app.router.add_get("/bulk/run", info)
+    app.router.add_get("/slow", slow)
+    app.router.add_post("/echo", echo)
+    app.router.add_get("/stall", stall)
+    app.router.add_get("/report", report)
+    return app
+
+
+@pytest.fixture(scope="module")
+def record() -> Record:
+    """Observations of the module's handlers."""
+    return Record()
+
+
+@pytest.fixture(scope="module")
+def url(record: Record) -> Iterator[str]:
+    """The aiohttp server's base URL."""
+    with serve_aiohttp(build(record)) as base:
+        yield base
+
+
+def ms(value: str) -> dict[str, str]:
+    """The deadline header."""
+    return {"x-request-timeout-ms": value}
+
+
+def test_budget_from_header_default_maximum_and_routes(url: str, events: Events) -> None:
+    """Header, default, maximum, @limits and the route map set the handler's deadline."""
+    assert 0.5 < httpx.get(f"{url}/info", headers=ms("800")).json()["remaining"] <= 0.75
+    assert 0.8 < httpx.get(f"{url}/info").json()["remaining"] <= 0.95
+    assert 1.8 < httpx.get(f"{url}/info", headers=ms("99999")).json()["remaining"] <= 1.95
+    assert 4.5 < httpx.get(f"{url}/report").json()["remaining"] <= 4.95
+    assert 2.5 < httpx.get(f"{url}/bulk/run").json()["remaining"] <= 2.95
+    httpx.get(f"{url}/items/3")
+    httpx.get(f"{url}/missing")
+    routes = [e.route for e in events.wait_finished(7)]
+    assert routes[-2:] == ["/items/{item_id}", "*"]
+
+
+def test_504_on_deadline_and_on_arrival(url: str, record: Record, events: Events) -> None:
+    """The handler is cancelled at the deadline with a JSON 504; header 0 never runs it."""
+    rid = uuid.uuid4().hex
+    begin = time.monotonic()
+    response = httpx.get(f"{url}/slow?id={rid}", headers=ms("300"), timeout=5)
+    assert response.status_code == 504
+    assert 0.24 <= time.monotonic() - begin <= 0.75
+    assert response.json()["limit"] == "x-request-timeout-ms"
+    assert "cancelled" in record.get(rid)
+    unrun = uuid.uuid4().hex
+    assert httpx.get(f"{url}/slow?id={unrun}", headers=ms("0")).status_code == 504
+    assert record.get(unrun) == {}
+    assert [e.outcome for e in events.wait_finished(2)] == ["deadline", "budget_exhausted"]
+
+
+def test_deadline_after_response_started_closes(url: str, record: Record) -> None:
+    """A deadline after the response started closes the connection mid-body."""
+    rid = uuid.uuid4().hex
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.get(f"{url}/stall?id={rid}", headers=ms("300"), timeout=5)
+    assert record.wait(rid, "cancelled") - record.get(rid)["started"] < 0.3 + 0.5
+
+
+def test_caller_left_cancels_handler(url: str, record: Record, events: Events) -> None:
+    """A client that disconnects gets its handler cancelled with CallerLeft, promptly."""
+    rid = uuid.uuid4().hex
+    port = httpx.URL(url).port
+    assert port is not None
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(f"GET /slow?id={rid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+    time.sleep(0.2)
+    closed = time.monotonic()
+    sock.close()
+    cancelled = record.wait(rid, "cancelled")
+    assert 0 <= cancelled - closed < 0.15
+    assert isinstance(record.get(rid)["reason"], deadlines.CallerLeft)
+    assert events.wait_finished(1)[0].outcome == "caller_left"
+
+
+def test_body_and_keep_alive(url: str) -> None:
+    """Bodies arrive intact and one connection serves requests around a 504."""
+    payload = os.urandom(2 * 1024 * 1024)
+    with httpx.Client(timeout=5) as client:
+        echoed = client.post(f"{url}/echo", content=payload).json()
+        assert echoed["sha"] == hashlib.sha256(payload).hexdigest()
+        assert client.get(f"{url}/info", headers=ms("0")).status_code == 504
+        assert client.get(f"{url}/info").status_code == 200
+
+
+def test_handler_cancellation_server_option(record: Record, events: Events) -> None:
+    """With aiohttp's own handler_cancellation=True the outcome is still caller_left."""
+    with serve_aiohttp(build(record), handler_cancellation=True) as base:
+        port = httpx.URL(base).port
+        assert port is not None
+        rid = uuid.uuid4().hex
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.sendall(f"GET /slow?id={rid} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        time.sleep(0.2)
+        sock.close()
+        record.wait(rid, "cancelled")
+        assert events.wait_finished(1)[0].outcome == "caller_left"
+
+
+def test_options_validated() -> None:
+    """Bad options fail at construction."""
+    with pytest.raises(ValueError, match="watch_every"):
+        DeadlineMiddleware(default=1, maximum=2, watch_every=0)
+    with pytest.raises(ValueError, match="default"):
+        DeadlineMiddleware(default=3, maximum=2)
+
+
+@pytest.mark.anyio
+async def test_scope_unaffected_outside_requests() -> None:
+    """Outside a request there is no deadline (the middleware leaks nothing)."""
+    await asyncio.sleep(0)
+    assert deadlines.current() is None
