@@ -206,3 +206,22 @@ def serve_aiohttp(app: Any, **runner_options: Any) -> Iterator[str]:
         thread.join(10)
         loop.close()
         sock.close()
+
+
+@contextlib.contextmanager
+def serve_waitress(app: Any) -> Iterator[str]:
+    """Serve a WSGI app with waitress in a thread; yields its base URL."""
+    from waitress import wasyncore
+    from waitress.server import create_server
+
+    server = create_server(app, host="127.0.0.1", port=0, threads=4, asyncore_loop_timeout=0.05)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.effective_port}"
+    finally:
+        # Close the sockets from the server's own loop thread, then stop the workers.
+        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+        thread.join(10)
+        server.task_dispatcher.shutdown()
+        assert not thread.is_alive(), "waitress did not stop"

@@ -1,0 +1,261 @@
+"""`DeadlineMiddleware` for WSGI apps (Flask, Django, ...): one deadline per request, stdlib only.
+
+    from deadlines.wsgi import DeadlineMiddleware
+
+    app.wsgi_app = DeadlineMiddleware(app.wsgi_app, default=2.0, maximum=10.0)   # Flask
+    application = DeadlineMiddleware(get_wsgi_application(), default=2.0, maximum=10.0)
+
+The budget comes from the headers (``x-request-timeout-ms``, ``grpc-timeout``,
+Envoy's) capped at the route's maximum, minus a reserve, exactly as for ASGI. The app
+(and the iteration of its response body) runs inside the sync form of
+`deadlines.scope`, so outbound calls and database statements made through deadlines'
+integrations are bounded by what is left, and `deadlines.check()` raises
+`DeadlineExceeded` once it has passed. A `DeadlineExceeded` that escapes the app before
+the response body started becomes a JSON 504; an already expired request is answered
+504 without calling the app.
+
+Frameworks that turn every exception into a 500 themselves (Flask, Django) need one line
+so a deadline becomes the same 504:
+
+    app.register_error_handler(deadlines.DeadlineExceeded, deadlines.wsgi.timeout_response)
+
+What WSGI cannot do:
+
+* **No cancellation.** A Python thread cannot be interrupted: a handler stuck in pure
+  computation or in a call that ignores the deadline runs to its end. Work stops at the
+  next bounded wait (an outbound call, a query) or at `deadlines.check()`.
+* **No caller-left signal.** WSGI gives the app no notice that the client went away;
+  the server finds out only when it writes the response. Propagating the deadline is
+  the only way a WSGI hop stops early, so keep budgets tight.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from datetime import timedelta
+from types import TracebackType
+from typing import Any
+
+from . import _clock, _events, _inbound, _validate, wire
+from ._deadline import Deadline
+from ._errors import DeadlineExceeded
+from ._events import RequestOutcome
+from ._inbound import Limits, limits
+from ._scope import scope as deadline_scope
+
+__all__ = ["DeadlineMiddleware", "Limits", "limits", "timeout_response"]
+
+Environ = dict[str, Any]
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+StartResponse = Callable[..., Callable[[bytes], object]]
+WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
+
+
+class _Request:
+    """What the middleware knows about the current request, for `timeout_response`."""
+
+    __slots__ = ("budget", "header", "headers", "limits", "started", "timed_out")
+
+    def __init__(
+        self, headers: dict[str, str], limits_: Limits, budget: float, started: float, header: str
+    ) -> None:
+        self.headers, self.limits, self.budget = headers, limits_, budget
+        self.started, self.header = started, header
+        self.timed_out: DeadlineExceeded | None = None
+
+    def body(self) -> bytes:
+        return _inbound.timeout_body(
+            limit=_inbound.binding_limit(self.headers, self.limits, self.header),
+            budget=self.budget,
+            elapsed=_clock.now() - self.started,
+        )
+
+
+_request: contextvars.ContextVar[_Request | None] = contextvars.ContextVar(
+    "deadlines.wsgi.request", default=None
+)
+
+_HEADERS = [("Content-Type", "application/json"), ("Cache-Control", "no-store")]
+
+
+def timeout_response(exc: DeadlineExceeded) -> tuple[bytes, int, list[tuple[str, str]]]:
+    """A framework error handler: the middleware's JSON 504 for a `DeadlineExceeded`.
+
+    Returns ``(body, 504, headers)``, which Flask accepts from an error handler; other
+    frameworks build their response from it. Outside `DeadlineMiddleware` the body
+    names the error's own budget.
+    """
+    info = _request.get()
+    if info is None:
+        budget = exc.limit or 0.0
+        body = _inbound.timeout_body(limit="deadline", budget=budget, elapsed=exc.elapsed or 0.0)
+    else:
+        info.timed_out = exc
+        body = info.body()
+    return body, 504, [*_HEADERS, ("Content-Length", str(len(body)))]
+
+
+class DeadlineMiddleware:
+    """Give every WSGI request one deadline (see the module docs for what WSGI cannot do).
+
+    Args:
+        app: The WSGI app to wrap.
+        default: Budget in seconds when the request carries no valid deadline header.
+        maximum: The most a caller may ask for; larger header values are capped.
+        reserve: Subtracted from the budget for the time on the wire and for the reply.
+        header: The milliseconds header to read in place of ``x-request-timeout-ms``.
+        routes: Limits per path pattern (``"/reports/*"``, ``"POST /upload"``).
+    """
+
+    def __init__(
+        self,
+        app: WSGIApp,
+        *,
+        default: float | timedelta,
+        maximum: float | timedelta,
+        reserve: float | timedelta = 0.05,
+        header: str = wire.HEADER,
+        routes: Mapping[str, Limits] | None = None,
+    ) -> None:
+        if not callable(app):
+            raise TypeError(f"app must be a WSGI callable, not {app!r}")
+        self.app = app
+        self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
+        self._reserve = _validate.seconds(reserve, "reserve")
+        self._header = _inbound.header_name(header)
+        # Where each understood header sits in the environ, and the name it stands for.
+        self._keys = [
+            (_environ_key(self._header), wire.HEADER),
+            (_environ_key(wire.GRPC_HEADER), wire.GRPC_HEADER),
+            (_environ_key(wire.ENVOY_HEADER), wire.ENVOY_HEADER),
+        ]
+
+    def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        """Run the app for one request under its deadline."""
+        started = _clock.now()
+        headers = {name: environ[key] for key, name in self._keys if key in environ}
+        pattern, limits_ = self._table.match(
+            environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
+        )
+        route = pattern or _inbound.UNMATCHED
+        budget = _inbound.budget(headers, limits_, self._reserve)
+        report = _Report(route, budget, started)
+        info = _Request(headers, limits_, budget, started, self._header)
+        if budget <= 0.0:
+            report.finish("budget_exhausted")
+            return _timeout(start_response, info, None)
+        token = _request.set(info)
+        try:
+            with deadline_scope(budget) as deadline:
+                result = self.app(environ, start_response)
+        except DeadlineExceeded as exc:
+            report.finish(_inbound.deadline_outcome(exc))
+            return _timeout(start_response, info, sys.exc_info())  # type: ignore[arg-type]
+        except BaseException:
+            report.finish("error")
+            raise
+        finally:
+            _request.reset(token)
+        assert deadline is not None
+        return _Body(result, deadline, report, info, start_response)
+
+
+def _timeout(
+    start_response: StartResponse, info: _Request, exc_info: ExcInfo | None
+) -> list[bytes]:
+    body = info.body()
+    headers = [*_HEADERS, ("Content-Length", str(len(body)))]
+    if exc_info is None:
+        start_response("504 Gateway Timeout", headers)
+    else:  # replaces the app's own status if the headers have not gone out yet
+        start_response("504 Gateway Timeout", headers, exc_info)
+    return [body]
+
+
+def _environ_key(header: str) -> str:
+    return "HTTP_" + header.upper().replace("-", "_")
+
+
+class _Report:
+    """Emits RequestStarted now and RequestFinished once."""
+
+    __slots__ = ("budget", "done", "route", "started")
+
+    def __init__(self, route: str, budget: float, started: float) -> None:
+        self.route, self.budget, self.started, self.done = route, budget, started, False
+        if _events.active():
+            _events.emit(_events.RequestStarted(route, budget))
+
+    def finish(self, outcome: RequestOutcome) -> None:
+        if self.done:
+            return
+        self.done = True
+        if _events.active():
+            duration = _clock.now() - self.started
+            _events.emit(_events.RequestFinished(self.route, outcome, duration, self.budget))
+
+
+class _Body:
+    """The app's response iterable, each step run under the request's deadline."""
+
+    def __init__(
+        self,
+        result: Iterable[bytes],
+        deadline: Deadline,
+        report: _Report,
+        info: _Request,
+        start_response: StartResponse,
+    ) -> None:
+        self._result = result
+        self._iterator: Iterator[bytes] | None = None
+        self._deadline = deadline
+        self._report = report
+        self._info = info
+        self._start_response = start_response
+        self._sent = False  # a non-empty chunk went out: the headers are on the wire
+        self._ended = False
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self
+
+    def __next__(self) -> bytes:
+        if self._ended:
+            raise StopIteration
+        try:
+            with deadline_scope(deadline=self._deadline):
+                if self._iterator is None:
+                    self._iterator = iter(self._result)
+                chunk = next(self._iterator)
+        except StopIteration:
+            self._ended = True
+            self._finish()
+            raise
+        except DeadlineExceeded as exc:
+            self._report.finish(_inbound.deadline_outcome(exc))
+            if self._sent:
+                raise  # the body is half out: the server drops the connection
+            self._ended = True
+            (body,) = _timeout(self._start_response, self._info, sys.exc_info())  # type: ignore[arg-type]
+            return body
+        except BaseException:
+            self._report.finish("error")
+            raise
+        if chunk:
+            self._sent = True
+        return chunk
+
+    def close(self) -> None:
+        """Close the app's iterable (WSGI requires it) and report the end."""
+        try:
+            close = getattr(self._result, "close", None)
+            if close is not None:
+                with deadline_scope(deadline=self._deadline):
+                    close()
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        timed_out = self._info.timed_out  # the app's error handler answered 504 for us
+        self._report.finish("ok" if timed_out is None else _inbound.deadline_outcome(timed_out))
