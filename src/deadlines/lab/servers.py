@@ -384,8 +384,9 @@ class SilentServer(Server):
     """Accepts connections and reads whatever arrives, but never sends a byte."""
 
     def handle(self, conn: Connection) -> None:
-        """Read until the client closes the connection."""
-        conn.wait(math.inf)
+        """Read (and record) requests until the client closes the connection."""
+        while conn.read_request() is not None:
+            pass
 
 
 class TLSNeverServer(SilentServer):

@@ -1,0 +1,740 @@
+"""httpx with every phase of a call bounded, inside the request's deadline.
+
+    import deadlines, deadlines.httpx
+
+    pricing = deadlines.Dependency("pricing", connect=0.5, headers=1.0, total=2.0, pool_size=10)
+
+    async with deadlines.httpx.AsyncClient(pricing, base_url="http://pricing") as client:
+        async with deadlines.scope(2.0):
+            response = await client.get("/prices/42")
+
+`AsyncTransport` and `Transport` compose with any httpx client (pass them as
+``transport=``); `AsyncClient` and `Client` are httpx clients built on them. For every
+request, from the `Dependency` and the current deadline (`deadlines.CallBudget`):
+
+* below `min_useful` remaining → `BudgetExhausted`, nothing sent;
+* pool acquire ≤ min(pool_wait, time left); the pool holds `pool_size` connections for
+  this dependency alone, and the time spent in it counts toward the call's total;
+* DNS + TCP connect + TLS ≤ min(connect, time left), as one window;
+* sending the request and waiting for the first byte of the response ≤ min(headers,
+  time left), as one window (a server trickling its headers cannot stretch it);
+* each gap in the body ≤ idle; the whole call, body included, also when streamed,
+  ≤ min(total, the request's deadline);
+* ``x-request-timeout-ms`` carries the time left, refreshed when the request is sent.
+
+Each limit that fires is raised as the matching `CallTimeout` subclass (or
+`DeadlineExceeded` when the request's deadline was the binding limit), translated from
+httpcore's errors at one boundary. Other transport errors are httpx's own
+(`httpx.ConnectError`, `httpx.ReadError`, ...). The time spent waiting for a pooled
+connection is in ``response.extensions["deadlines.pool_wait"]`` (seconds) and in the
+error's ``pool_wait``. With ``dependency.retry`` set, failed attempts are retried inside
+the budget by the rules of `deadlines.retry`.
+
+The limits come from the `Dependency` only: an httpx ``timeout=`` on a client that uses
+these transports is ignored. Cancelling the surrounding task (a `deadlines.scope`
+firing, or the caller leaving) closes the socket at once in every phase, the TLS
+handshake included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ssl
+import threading
+import typing
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from typing import Any, Literal
+
+try:
+    import anyio
+    import httpcore
+    import httpx
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "deadlines.httpx needs httpx: install it with `pip install 'deadlines[httpx]'`"
+    ) from exc
+
+from . import _clock, retry
+from ._budget import CallBudget, Limit
+from ._dependency import Dependency
+from .wire import HEADER
+
+__all__ = ["POOL_WAIT", "AsyncClient", "AsyncTransport", "Client", "Transport"]
+
+#: Key of ``response.extensions`` holding the seconds spent waiting for a pooled connection.
+POOL_WAIT = "deadlines.pool_wait"
+
+_HEADER_BYTES = HEADER.encode("ascii")
+_SEND_EVENTS = frozenset(
+    {"http11.send_request_headers.started", "http2.send_request_headers.started"}
+)
+_MIN_SYNC_TIMEOUT = 1e-6  # socket.settimeout(0) would mean non-blocking, not "expired"
+
+_Phase = Literal["pool", "connect", "headers", "body"]
+
+
+class _Call:
+    """One attempt's limits and progress, shared by the transport, backend and trace hook.
+
+    The network backend asks it for the timeout of each socket operation, so every wait
+    is bounded by the limit of its phase *and* by the call's end; the boundary asks it
+    which limit was in force when httpcore reported a timeout.
+    """
+
+    __slots__ = ("budget", "connect_end", "headers_end", "limit", "phase", "request_sent")
+
+    def __init__(self, budget: CallBudget) -> None:
+        self.budget = budget
+        self.phase: _Phase = "pool"
+        self.limit: Limit = "pool"
+        self.request_sent = False
+        self.connect_end = 0.0
+        self.headers_end = 0.0
+
+    def connect_timeout(self) -> float:
+        """Start the connect window (DNS, TCP, TLS) and return its length."""
+        self.phase, self.limit = "connect", "connect"
+        timeout = self.budget.limit("connect")
+        self.connect_end = _clock.now() + timeout
+        return timeout
+
+    def tls_timeout(self) -> float:
+        """What is left of the connect window for the TLS handshake."""
+        self.limit = "connect"
+        return max(0.0, self.connect_end - _clock.now())
+
+    def begin_headers(self) -> None:
+        """The request is being sent: start the window for the response to begin."""
+        if self.phase in ("pool", "connect"):
+            self.phase, self.limit = "headers", "headers"
+            self.request_sent = True
+            self.headers_end = _clock.now() + self.budget.limit("headers")
+
+    def begin_body(self) -> None:
+        """The response headers arrived; from now on each read is an idle gap."""
+        self.phase, self.limit = "body", "idle"
+
+    def io_timeout(self) -> float:
+        """Timeout for one read or write: the headers window, or an idle gap in the body."""
+        if self.phase in ("pool", "connect"):
+            self.begin_headers()
+        if self.phase == "headers":
+            self.limit = "headers"
+            return max(0.0, self.headers_end - _clock.now())
+        self.limit = "idle"
+        return self.budget.limit("idle")
+
+    def error(self) -> TimeoutError:
+        """The taxonomy error for the limit in force when a timeout fired."""
+        return self.budget.timeout(self.limit, request_sent=self.request_sent)
+
+    def header_value(self) -> bytes:
+        """The remaining time to send onward, whole ms."""
+        return self.budget.header_ms().encode("ascii")
+
+
+_current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "deadlines.httpx.call", default=None
+)
+
+
+# The one boundary where httpcore's errors become ours (timeouts) or httpx's (the rest).
+
+_NETWORK_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
+    (httpcore.ConnectError, httpx.ConnectError),
+    (httpcore.ReadError, httpx.ReadError),
+    (httpcore.WriteError, httpx.WriteError),
+    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
+    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
+    (httpcore.ProxyError, httpx.ProxyError),
+    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
+    (httpcore.ProtocolError, httpx.ProtocolError),
+    (httpcore.NetworkError, httpx.NetworkError),
+)
+
+
+@contextlib.contextmanager
+def _translated(call: _Call) -> Iterator[None]:
+    try:
+        yield
+    except httpcore.TimeoutException as exc:
+        raise call.error() from exc
+    except Exception as exc:
+        for theirs, ours in _NETWORK_ERRORS:
+            if isinstance(exc, theirs):
+                raise ours(str(exc)) from exc
+        raise
+
+
+def _request_sent(exc: BaseException) -> bool | None:
+    """For retries: whether `exc` may have reached the server (None: do not retry)."""
+    if isinstance(exc, httpx.ConnectError):
+        return False
+    if isinstance(exc, httpx.ReadError | httpx.WriteError | httpx.RemoteProtocolError):
+        return True
+    return retry.request_sent(exc)
+
+
+# Network backends: each socket operation bounded by the current call's limits.
+
+
+class _AsyncStream(httpcore.AsyncNetworkStream):
+    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+        self._inner = inner
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        call = _current.get()
+        return await self._inner.read(max_bytes, timeout if call is None else call.io_timeout())
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        call = _current.get()
+        await self._inner.write(buffer, timeout if call is None else call.io_timeout())
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        call = _current.get()
+        if call is not None:
+            timeout = call.tls_timeout()
+        try:
+            return _AsyncStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+        except BaseException:
+            # httpcore closes the TCP stream when the handshake fails but not when it is
+            # cancelled: the socket then stayed open until garbage collection.
+            with anyio.CancelScope(shield=True):
+                await self._inner.aclose()
+            raise
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _AsyncBackend(httpcore.AsyncNetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore.AnyIOBackend()  # asyncio and trio alike
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        call = _current.get()
+        if call is not None:
+            timeout = call.connect_timeout()
+        stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _AsyncStream(stream)
+
+    async def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: typing.Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        call = _current.get()
+        if call is not None:
+            timeout = call.connect_timeout()
+        stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
+        return _AsyncStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def _sync_timeout(timeout: float) -> float:
+    return max(_MIN_SYNC_TIMEOUT, timeout)
+
+
+class _SyncStream(httpcore.NetworkStream):
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        call = _current.get()
+        if call is not None:
+            timeout = _sync_timeout(call.io_timeout())
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        call = _current.get()
+        if call is not None:
+            timeout = _sync_timeout(call.io_timeout())
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.NetworkStream:
+        call = _current.get()
+        if call is not None:
+            timeout = _sync_timeout(call.tls_timeout())
+        try:
+            return _SyncStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+        except BaseException:
+            self._inner.close()
+            raise
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _SyncBackend(httpcore.NetworkBackend):
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: typing.Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        call = _current.get()
+        if call is not None:
+            timeout = _sync_timeout(call.connect_timeout())
+        stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _SyncStream(stream)
+
+    def connect_unix_socket(
+        self,
+        path: str,
+        timeout: float | None = None,
+        socket_options: typing.Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        call = _current.get()
+        if call is not None:
+            timeout = _sync_timeout(call.connect_timeout())
+        return _SyncStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+# Shared request plumbing.
+
+
+def _core_request(
+    request: httpx.Request, call: _Call, stream: Any, trace: Callable[..., Any]
+) -> httpcore.Request:
+    extensions = dict(request.extensions)
+    extensions["trace"] = trace
+    left = call.budget.left()  # fallbacks: the backend refines each operation's timeout
+    extensions["timeout"] = {"pool": left, "connect": left, "read": left, "write": left}
+    return httpcore.Request(
+        method=request.method,
+        url=httpcore.URL(
+            scheme=request.url.raw_scheme,
+            host=request.url.raw_host,
+            port=request.url.port,
+            target=request.url.raw_path,
+        ),
+        headers=request.headers.raw,
+        content=stream,
+        extensions=extensions,
+    )
+
+
+def _on_send(call: _Call, name: str, info: Mapping[str, Any]) -> None:
+    """Trace hook: the request head is about to go out; refresh the header, start headers."""
+    if name not in _SEND_EVENTS:
+        return
+    call.begin_headers()
+    headers = info["request"].headers
+    for i, (key, _) in enumerate(headers):
+        if key.lower() == _HEADER_BYTES:
+            headers[i] = (key, call.header_value())
+
+
+def _attempt_budget(dependency: Dependency) -> _Call:
+    call = _Call(CallBudget(dependency))  # BudgetExhausted here: nothing was sent
+    call.budget.__enter__()
+    return call
+
+
+def _response(call: _Call, core: httpcore.Response, stream: Any) -> httpx.Response:
+    extensions = dict(core.extensions)
+    extensions[POOL_WAIT] = call.budget.pool_wait
+    return httpx.Response(
+        status_code=core.status, headers=core.headers, stream=stream, extensions=extensions
+    )
+
+
+def _retry_options(dependency: Dependency, request: httpx.Request) -> dict[str, Any]:
+    return {
+        "policy": dependency.retry,
+        "method": request.method,
+        "idempotency_key": "idempotency-key" in request.headers,
+        "replayable": isinstance(request.stream, httpx.ByteStream),
+        "min_attempt": dependency.min_useful,
+        "request_sent": _request_sent,
+    }
+
+
+def _check_dependency(dependency: Dependency) -> None:
+    if not isinstance(dependency, Dependency):
+        raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
+
+
+# The async transport.
+
+
+class _AsyncGate:
+    """The dependency's pool: at most `size` calls in flight, waits bounded and measured."""
+
+    def __init__(self, size: int) -> None:
+        self._semaphore = anyio.Semaphore(size)
+
+    async def acquire(self, call: _Call) -> None:
+        try:
+            self._semaphore.acquire_nowait()
+        except anyio.WouldBlock:
+            start = _clock.now()
+            try:
+                with anyio.move_on_after(call.budget.limit("pool")) as waited:
+                    await self._semaphore.acquire()
+            finally:
+                call.budget.pool_wait = _clock.now() - start
+            if waited.cancelled_caught:
+                raise call.error() from None
+        else:
+            call.budget.pool_wait = 0.0  # a free place: no wait at all
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+
+class _AsyncBody(httpx.AsyncByteStream):
+    """The response body: each chunk read under the call's limits, errors translated."""
+
+    def __init__(self, inner: Any, call: _Call, release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._call = call
+        self._release: Callable[[], None] | None = release
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        iterator = self._inner.__aiter__()
+        while True:
+            token = _current.set(self._call)
+            try:
+                with _translated(self._call):
+                    chunk = await iterator.__anext__()
+            except StopAsyncIteration:
+                break
+            except BaseException as exc:
+                self._call.budget.finish(exc)
+                raise
+            finally:
+                _current.reset(token)
+            yield chunk
+
+    async def aclose(self) -> None:
+        try:
+            with _translated(self._call):
+                await self._inner.aclose()
+        finally:
+            if self._release is not None:
+                release, self._release = self._release, None
+                release()
+                self._call.budget.finish()
+
+
+class AsyncTransport(httpx.AsyncBaseTransport):
+    """An httpx async transport that bounds every phase of a call by `dependency`.
+
+    Args:
+        dependency: The limits, pool size and retry rule for the service called.
+        verify, cert, trust_env: TLS settings, as for `httpx.AsyncHTTPTransport`.
+        http1, http2: Protocols to offer (HTTP/2 needs the ``h2`` package).
+        keepalive_expiry: Seconds an idle pooled connection is kept.
+        local_address, uds, socket_options: As for `httpx.AsyncHTTPTransport`.
+
+    Works under asyncio and trio. The pool holds at most ``dependency.pool_size``
+    connections and admits that many calls at once; a response holds its place until
+    it is closed.
+    """
+
+    def __init__(
+        self,
+        dependency: Dependency,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http1: bool = True,
+        http2: bool = False,
+        keepalive_expiry: float | None = 5.0,
+        local_address: str | None = None,
+        uds: str | None = None,
+        socket_options: typing.Iterable[Any] | None = None,
+    ) -> None:
+        _check_dependency(dependency)
+        self.dependency = dependency
+        self._gate = _AsyncGate(dependency.pool_size)
+        self._pool = httpcore.AsyncConnectionPool(
+            ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
+            max_connections=dependency.pool_size,
+            max_keepalive_connections=dependency.pool_size,
+            keepalive_expiry=keepalive_expiry,
+            http1=http1,
+            http2=http2,
+            local_address=local_address,
+            uds=uds,
+            network_backend=_AsyncBackend(),
+            socket_options=socket_options,
+        )
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        """Send `request` inside the budget, retrying by ``dependency.retry`` if set."""
+        if self.dependency.retry is None:
+            return await self._attempt(request)
+        return await retry.run_async(
+            lambda: self._attempt(request),
+            retry_response=lambda response: response.status_code in self.dependency.retry.statuses,  # type: ignore[union-attr]
+            discard=_aclose_response,
+            **_retry_options(self.dependency, request),
+        )
+
+    async def _attempt(self, request: httpx.Request) -> httpx.Response:
+        call = _attempt_budget(self.dependency)
+        token = _current.set(call)
+        admitted = False
+        try:
+            await self._gate.acquire(call)
+            admitted = True
+            request.headers[HEADER] = call.budget.header_ms()
+
+            async def trace(name: str, info: Mapping[str, Any]) -> None:
+                _on_send(call, name, info)
+                if user_trace is not None:
+                    await user_trace(name, info)
+
+            user_trace = request.extensions.get("trace")
+            assert isinstance(request.stream, httpx.AsyncByteStream)
+            core = _core_request(request, call, request.stream, trace)
+            with _translated(call):
+                response = await self._pool.handle_async_request(core)
+            call.begin_body()
+        except BaseException as exc:
+            if admitted:
+                self._gate.release()
+            call.budget.finish(exc)
+            raise
+        finally:
+            _current.reset(token)
+        return _response(call, response, _AsyncBody(response.stream, call, self._gate.release))
+
+    async def aclose(self) -> None:
+        """Close every pooled connection."""
+        await self._pool.aclose()
+
+
+async def _aclose_response(response: httpx.Response) -> None:
+    await response.aclose()
+
+
+class AsyncClient(httpx.AsyncClient):
+    """An `httpx.AsyncClient` whose every call is bounded by `dependency` and the deadline.
+
+    Takes the `AsyncTransport` options (``verify``, ``http2``, ...) and any other
+    `httpx.AsyncClient` argument except those the dependency decides (``timeout``,
+    ``limits``, ``transport``, ``mounts``, ``proxy``).
+    """
+
+    def __init__(self, dependency: Dependency, **kwargs: Any) -> None:
+        transport_options = _split_options(kwargs)
+        self.dependency = dependency
+        super().__init__(transport=AsyncTransport(dependency, **transport_options), **kwargs)
+
+
+# The sync transport.
+
+
+class _SyncGate:
+    def __init__(self, size: int) -> None:
+        self._semaphore = threading.BoundedSemaphore(size)
+
+    def acquire(self, call: _Call) -> None:
+        if self._semaphore.acquire(blocking=False):
+            call.budget.pool_wait = 0.0  # a free place: no wait at all
+            return
+        start = _clock.now()
+        acquired = self._semaphore.acquire(timeout=call.budget.limit("pool"))
+        call.budget.pool_wait = _clock.now() - start
+        if not acquired:
+            raise call.error()
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+
+class _SyncBody(httpx.SyncByteStream):
+    def __init__(self, inner: Any, call: _Call, release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._call = call
+        self._release: Callable[[], None] | None = release
+
+    def __iter__(self) -> Iterator[bytes]:
+        iterator = iter(self._inner)
+        while True:
+            token = _current.set(self._call)
+            try:
+                with _translated(self._call):
+                    chunk = next(iterator)
+            except StopIteration:
+                break
+            except BaseException as exc:
+                self._call.budget.finish(exc)
+                raise
+            finally:
+                _current.reset(token)
+            yield chunk
+
+    def close(self) -> None:
+        try:
+            with _translated(self._call):
+                self._inner.close()
+        finally:
+            if self._release is not None:
+                release, self._release = self._release, None
+                release()
+                self._call.budget.finish()
+
+
+class Transport(httpx.BaseTransport):
+    """The blocking twin of `AsyncTransport`, with the same options and limits.
+
+    Blocking code cannot be cancelled: each socket operation gets as timeout what is
+    left of its phase and of the call, so the call still ends by its limits.
+    """
+
+    def __init__(
+        self,
+        dependency: Dependency,
+        *,
+        verify: ssl.SSLContext | str | bool = True,
+        cert: Any = None,
+        trust_env: bool = True,
+        http1: bool = True,
+        http2: bool = False,
+        keepalive_expiry: float | None = 5.0,
+        local_address: str | None = None,
+        uds: str | None = None,
+        socket_options: typing.Iterable[Any] | None = None,
+    ) -> None:
+        _check_dependency(dependency)
+        self.dependency = dependency
+        self._gate = _SyncGate(dependency.pool_size)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
+            max_connections=dependency.pool_size,
+            max_keepalive_connections=dependency.pool_size,
+            keepalive_expiry=keepalive_expiry,
+            http1=http1,
+            http2=http2,
+            local_address=local_address,
+            uds=uds,
+            network_backend=_SyncBackend(),
+            socket_options=socket_options,
+        )
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        """Send `request` inside the budget, retrying by ``dependency.retry`` if set."""
+        if self.dependency.retry is None:
+            return self._attempt(request)
+        return retry.run_sync(
+            lambda: self._attempt(request),
+            retry_response=lambda response: response.status_code in self.dependency.retry.statuses,  # type: ignore[union-attr]
+            discard=httpx.Response.close,
+            **_retry_options(self.dependency, request),
+        )
+
+    def _attempt(self, request: httpx.Request) -> httpx.Response:
+        call = _attempt_budget(self.dependency)
+        token = _current.set(call)
+        admitted = False
+        try:
+            self._gate.acquire(call)
+            admitted = True
+            request.headers[HEADER] = call.budget.header_ms()
+            user_trace = request.extensions.get("trace")
+
+            def trace(name: str, info: Mapping[str, Any]) -> None:
+                _on_send(call, name, info)
+                if user_trace is not None:
+                    user_trace(name, info)
+
+            assert isinstance(request.stream, httpx.SyncByteStream)
+            core = _core_request(request, call, request.stream, trace)
+            with _translated(call):
+                response = self._pool.handle_request(core)
+            call.begin_body()
+        except BaseException as exc:
+            if admitted:
+                self._gate.release()
+            call.budget.finish(exc)
+            raise
+        finally:
+            _current.reset(token)
+        return _response(call, response, _SyncBody(response.stream, call, self._gate.release))
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self._pool.close()
+
+
+class Client(httpx.Client):
+    """An `httpx.Client` whose every call is bounded by `dependency` and the deadline.
+
+    Options as for `AsyncClient`. In threads, pass the deadline along with
+    `deadlines.carry` (or `asyncio.to_thread`, which copies the context).
+    """
+
+    def __init__(self, dependency: Dependency, **kwargs: Any) -> None:
+        transport_options = _split_options(kwargs)
+        self.dependency = dependency
+        super().__init__(transport=Transport(dependency, **transport_options), **kwargs)
+
+
+_TRANSPORT_OPTIONS = frozenset(
+    {
+        "verify",
+        "cert",
+        "trust_env",
+        "http1",
+        "http2",
+        "keepalive_expiry",
+        "local_address",
+        "uds",
+        "socket_options",
+    }
+)
+_DECIDED_BY_DEPENDENCY = ("timeout", "limits", "transport", "mounts", "proxy")
+
+
+def _split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the transport's options out of `kwargs`; refuse what the dependency decides."""
+    for name in _DECIDED_BY_DEPENDENCY:
+        if name in kwargs:
+            raise TypeError(
+                f"{name}= is decided by the deadlines.Dependency (limits, pool size) and"
+                " cannot be passed to a deadlines.httpx client"
+            )
+    options = {key: kwargs.pop(key) for key in list(kwargs) if key in _TRANSPORT_OPTIONS}
+    if "trust_env" in options:
+        kwargs["trust_env"] = options["trust_env"]
+    return options
