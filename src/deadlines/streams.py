@@ -159,7 +159,8 @@ def guard(
     instant. On a timeout, an error, cancellation or an early stop, `source` is closed
     (``aclose()``, else ``close()``), then `close` is called, each bounded by
     `CLOSE_GRACE`. A bare ``break`` closes it when the generator is collected (at once
-    in CPython); ``async with contextlib.aclosing(guard(...))`` closes it at once, always.
+    in CPython under asyncio); ``async with contextlib.aclosing(guard(...))`` closes it
+    as the block exits, everywhere (use it under trio).
     """
     try:
         limits = _limits(name, first, idle, total)

@@ -302,3 +302,16 @@ async def test_outer_cancellation_closes_under_both_backends(anyio_backend: str)
     with anyio.move_on_after(0.2):
         await collect(streams.guard(source, first=1, idle=60, total=90))
     assert source.closed and source.sent == 1
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_break_inside_aclosing_closes_at_once(anyio_backend: str) -> None:
+    """With aclosing() (the portable form, the one trio asks for) the break closes at once."""
+    source = Source([0.01] * 10)
+    async with contextlib.aclosing(streams.guard(source, first=1, idle=1, total=9)) as items:
+        async for item in items:
+            if item == 2:
+                break
+        assert not source.closed  # still open inside the block...
+    assert source.closed  # ...closed as the block exits, not whenever GC runs

@@ -125,7 +125,7 @@ async def test_request_deadline_ends_the_stream(
 
 
 async def test_break_closes_the_connection(llm: Server, test_id: str, httpx_client: Any) -> None:
-    """A consumer that stops early (break) ends the provider's stream."""
+    """A consumer that stops early with a bare break ends the provider's stream (asyncio)."""
     response = await open_stream(httpx_client, llm, "trickle", test_id)
     started = time.monotonic()
     count = 0
