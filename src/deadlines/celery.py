@@ -113,10 +113,14 @@ class DeadlineTask(Task):  # type: ignore[misc]  # celery ships no type hints
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the task inside its deadline; `JobExpired` (the task fails) if too late."""
+        request = self.request
+        if request.called_directly or getattr(request, "is_eager", False):
+            # Not from a queue: it runs in the caller's context, under the caller's deadline.
+            return super().__call__(*args, **kwargs)
         with jobs.scope(
-            {jobs.FIELD: getattr(self.request, jobs.FIELD, None)},
+            {jobs.FIELD: getattr(request, jobs.FIELD, None)},
             default=self.deadline_default,
-            queue=_queue_of(self.request),
+            queue=_queue_of(request),
             maximum=self.deadline_maximum,
             min_useful=self.deadline_min_useful,
         ):

@@ -195,3 +195,12 @@ def test_task_expired_without_expires_is_dropped_by_the_worker(worker: Any) -> N
     assert result.state == "FAILURE"  # marked, not lost
     after = worker_counts()
     assert after.dropped == before.dropped + 1 and after.started == before.started
+
+
+def test_called_directly_runs_under_the_callers_deadline() -> None:
+    """Called as a function (not from a queue), a task just runs under the caller's deadline."""
+    jobs.reset_counts()
+    with deadlines.scope(2.0):
+        assert 1.5 < tasks.remaining() <= 2.0
+    assert tasks.remaining() == float("inf")
+    assert jobs.counts() == jobs.JobCounts()
