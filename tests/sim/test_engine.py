@@ -1,0 +1,241 @@
+"""The engine's rules, each on a small scenario: pools, timeouts, retries, balancing, faults."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from deadlines.sim import VariantResult, run_scenario
+
+
+def one(
+    services: dict[str, Any],
+    load: dict[str, Any] | list[dict[str, Any]],
+    *,
+    seed: int = 1,
+    **top: Any,
+) -> VariantResult:
+    """Run a one-variant scenario and return its figures."""
+    scenario = {
+        "name": "t",
+        "duration": 1.0,
+        "drain": 2.0,
+        **top,
+        "services": services,
+        "load": load if isinstance(load, list) else [load],
+    }
+    return run_scenario(scenario, seed=seed).variants["base"]
+
+
+def test_same_seed_same_figures_other_seed_other_figures() -> None:
+    """A run is deterministic for its seed, and the seed matters."""
+    services = {"s": {"workers": 2, "routes": {"r": {"work": {"dist": "exp", "mean": "10ms"}}}}}
+    load = {"to": "s/r", "rate": 150, "arrival": "poisson"}
+    first = one(services, load, seed=3).to_dict()
+    again = one(services, load, seed=3).to_dict()
+    other = one(services, load, seed=4).to_dict()
+    for data in (first, again, other):
+        data.pop("wall_s")
+    assert first == again
+    assert first != other
+
+
+def test_workers_queue_fifo_and_queue_limit_rejects() -> None:
+    """One worker, 100 ms work, 4 requests at once: FIFO waits; a full queue rejects at once."""
+    services = {
+        "s": {"workers": 1, "queue_limit": 2, "routes": {"r": {"work": "100ms"}}},
+    }
+    load = {"to": "s/r", "rate": 1000, "count": 4}
+    v = one(services, load)
+    clients = v.loads["r"]
+    assert clients.ok == 3
+    assert clients.causes == {"rejected": 1}
+    route = v.services["s"].routes["r"]
+    # Waits of 0, ~99 and ~198 ms (arrivals 1 ms apart) average ~99 ms.
+    assert route.queue_wait_mean_ms == pytest.approx(99.0, abs=1.0)
+    assert v.services["s"].servers[0].queue_max == 2
+
+
+def _pooled(pool: dict[str, Any], call: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "api": {
+            "routes": {"r": {"steps": [{"call": "db"}]}},
+            "pools": {"p": pool},
+            "calls": {"db": {"to": "db/q", "pool": "p", **call}},
+        },
+        "db": {"routes": {"q": {"work": "100ms"}}},
+    }
+
+
+def test_pool_wait_cap_fails_before_sending_and_is_reported_apart() -> None:
+    """A pool of 1 with a 150 ms wait cap: the third caller gives up in the pool."""
+    v = one(_pooled({"size": 1, "wait": "150ms"}, {}), {"to": "api/r", "rate": 1000, "count": 3})
+    assert v.loads["r"].ok == 2
+    assert v.loads["r"].causes == {"pool_timeout": 1}
+    db = v.calls["api"]["db"]
+    assert db.causes == {"pool_timeout": 1}
+    assert db.pool_wait_max_ms == pytest.approx(99.0, abs=1.0)  # the second one's wait
+    assert v.services["db"].requests == 2  # the failed call never reached the server
+
+
+def test_timeout_covers_the_pool_wait() -> None:
+    """The call's total limit counts time in the pool: 120 ms total fails the one that queued."""
+    v = one(_pooled({"size": 1}, {"timeout": "120ms"}), {"to": "api/r", "rate": 1000, "count": 2})
+    assert v.loads["r"].ok == 1
+    assert v.loads["r"].causes == {"timeout": 1}
+    assert v.loads["r"].max_ms == pytest.approx(120.0)
+
+
+def test_retry_after_pool_timeout_then_succeeds() -> None:
+    """A pool failure is safe to retry (nothing was sent): the retry gets a connection."""
+    call = {"pool_wait": "60ms", "retry": {"attempts": 3, "backoff": "50ms", "jitter": False}}
+    v = one(_pooled({"size": 1}, call), {"to": "api/r", "rate": 1000, "count": 2})
+    assert v.loads["r"].ok == 2
+    db = v.calls["api"]["db"]
+    assert db.retries == 1 and db.attempts == 3  # 60 ms wait + 50 ms sleep, then granted
+
+
+def test_no_retry_after_send_unless_idempotent() -> None:
+    """A timeout after sending has an unknown outcome: retried only for idempotent calls."""
+    retry = {"attempts": 3, "backoff": "10ms", "jitter": False}
+    services: dict[str, Any] = {
+        "api": {
+            "routes": {"r": {"steps": [{"call": "slow"}]}},
+            "calls": {"slow": {"to": "db/q", "timeout": "50ms", "retry": retry}},
+        },
+        "db": {"routes": {"q": {"work": "100ms"}}},
+    }
+    once = one(services, {"to": "api/r", "rate": 10, "count": 1})
+    assert once.calls["api"]["slow"].attempts == 1
+    services["api"]["calls"]["slow"]["idempotent"] = True
+    thrice = one(services, {"to": "api/r", "rate": 10, "count": 1})
+    assert thrice.calls["api"]["slow"].attempts == 3
+    assert thrice.loads["r"].max_ms == pytest.approx(3 * 50 + 10 + 20, abs=0.5)
+    assert thrice.services["db"].in_flight_max == 2  # an abandoned attempt works on
+
+
+def test_retries_stop_when_the_deadline_cannot_cover_them() -> None:
+    """With 120 ms of budget and 50 ms attempts, no third attempt is started."""
+    retry = {"attempts": 5, "backoff": "10ms", "jitter": False}
+    services = {
+        "api": {
+            "deadline": True,
+            "routes": {"r": {"steps": [{"call": "slow"}]}},
+            "calls": {"slow": {"to": "db/q", "timeout": "50ms", "retry": retry,
+                               "idempotent": True}},
+        },
+        "db": {"routes": {"q": {"work": "100ms"}}},
+    }  # fmt: skip
+    v = one(services, {"to": "api/r", "rate": 10, "count": 1, "timeout": "120ms"})
+    assert v.calls["api"]["slow"].attempts == 2
+    assert v.loads["r"].causes == {"timeout": 1}
+
+
+def test_fallback_turns_a_failed_call_into_success() -> None:
+    """A call with a fallback fails, yet the handler goes on and succeeds."""
+    services = {
+        "api": {
+            "routes": {"r": {"steps": [{"call": "opt"}, {"work": "1ms"}]}},
+            "calls": {"opt": {"to": "db/q", "timeout": "10ms", "fallback": True}},
+        },
+        "db": {"routes": {"q": {"work": "forever"}}},
+    }
+    v = one(services, {"to": "api/r", "rate": 10, "count": 3})
+    assert v.loads["r"].ok == 3
+    assert v.calls["api"]["opt"].fallbacks == 3
+    assert v.loads["r"].p50_ms == pytest.approx(11.0)
+
+
+def test_min_useful_fails_fast_without_sending() -> None:
+    """Below min_useful of budget left, the call is not made (BudgetExhausted)."""
+    services = {
+        "api": {
+            "deadline": True,
+            "routes": {"r": {"steps": [{"work": "80ms"}, {"call": "db"}]}},
+            "calls": {"db": {"to": "db/q", "min_useful": "30ms"}},
+        },
+        "db": {"routes": {"q": {"work": "5ms"}}},
+    }
+    v = one(services, {"to": "api/r", "rate": 10, "count": 1, "timeout": "100ms"})
+    assert v.loads["r"].causes == {"budget_exhausted": 1}
+    assert v.services["db"].requests == 0
+    assert v.loads["r"].max_ms == pytest.approx(80.0)
+
+
+def test_deadline_sheds_expired_queued_work() -> None:
+    """With deadlines, a queued request whose budget ran out is dropped, not worked on."""
+    services = {
+        "s": {"workers": 1, "deadline": {"enforce": False, "cancel_on_caller_left": False},
+              "routes": {"r": {"work": "100ms"}}},
+    }  # fmt: skip
+    v = one(services, {"to": "s/r", "rate": 1000, "count": 3, "timeout": "150ms"})
+    route = v.services["s"].routes["r"]
+    assert route.ok == 2  # the first, and the second (started at 100 ms, before expiry)
+    assert route.causes == {"shed": 1}  # the third expired at ~152 ms, while queued
+    assert v.loads["r"].causes == {"client_timeout": 2}
+
+
+def test_caller_left_stops_work_only_where_noticed() -> None:
+    """When the client gives up, a server with deadlines stops; one without works on."""
+    base = {"s": {"routes": {"r": {"work": "1s"}}}}
+    load = {"to": "s/r", "rate": 10, "count": 1, "timeout": "200ms", "send_deadline": False}
+    ignored = one(base, load)
+    assert ignored.services["s"].routes["r"].ok == 1  # finished at 1 s, for nobody
+    noticed = one({"s": {**base["s"], "deadline": True}}, load)
+    assert noticed.services["s"].routes["r"].causes == {"caller_left": 1}
+
+
+def _farm(lb: str, slow_factor: float = 5.0) -> VariantResult:
+    services = {
+        "s": {"servers": 4, "workers": 1, "lb": lb,
+              "routes": {"r": {"work": {"dist": "exp", "mean": "10ms"}}}},
+    }  # fmt: skip
+    faults = [{"kind": "slow", "service": "s", "server": 2, "at": 0, "factor": slow_factor}]
+    load = {"to": "s/r", "rate": 150, "arrival": "poisson"}
+    return one(services, load, duration=20.0, faults=faults)
+
+
+def test_round_robin_shares_evenly_even_with_a_slow_server() -> None:
+    """Round robin sends each server the same share, slow or not."""
+    servers = _farm("round_robin").services["s"].servers
+    counts = [s.requests for s in servers]
+    assert max(counts) - min(counts) <= 1
+
+
+@pytest.mark.parametrize("lb", ["least_outstanding", "p2c"])
+def test_load_aware_policies_avoid_the_slow_server(lb: str) -> None:
+    """Least outstanding and power of two choices send the slow server less, cutting p99."""
+    aware = _farm(lb)
+    counts = [s.requests for s in aware.services["s"].servers]
+    assert counts[2] < 0.6 * min(c for i, c in enumerate(counts) if i != 2)
+    blind = _farm("round_robin")
+    assert aware.loads["r"].p99_ms is not None and blind.loads["r"].p99_ms is not None
+    assert aware.loads["r"].p99_ms < blind.loads["r"].p99_ms / 2
+
+
+def test_down_is_routed_around_and_blackhole_needs_a_connect_limit() -> None:
+    """A down server is skipped by the balancer; a blackholed one fails only by connect cap."""
+    services = {
+        "api": {
+            "routes": {"r": {"steps": [{"call": "db"}]}},
+            "calls": {"db": {"to": "db/q", "connect": "50ms"}},
+        },
+        "db": {"servers": 2, "routes": {"q": {"work": "5ms"}}},
+    }
+    load = {"to": "api/r", "rate": 100, "count": 10}
+    down = one(services, load, faults=[{"kind": "down", "service": "db", "server": 0}])
+    assert down.loads["r"].ok == 10
+    assert [s.requests for s in down.services["db"].servers] == [0, 10]
+    hole = one(services, load, faults=[{"kind": "blackhole", "service": "db", "server": 0}])
+    assert hole.loads["r"].causes == {"connect_timeout": 5}
+    assert hole.loads["r"].ok == 5
+
+
+def test_fault_window_ends() -> None:
+    """A hang with `until` affects only work started inside the window."""
+    services = {"s": {"routes": {"r": {"work": "10ms"}}}}
+    faults = [{"kind": "hang", "service": "s", "at": 0.2, "until": 0.5}]
+    v = one(services, {"to": "s/r", "rate": 10}, faults=faults)
+    assert v.loads["r"].ok == 7  # t = 0.2, 0.3, 0.4 hang
+    assert v.loads["r"].unfinished == 3
