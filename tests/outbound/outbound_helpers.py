@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+
+import anyio
+
+from deadlines.lab.servers import Server
 
 #: Firing tolerance: early by at most 10 ms, late by at most 500 ms (a loaded 2-core box).
 EARLY = 0.01
@@ -26,3 +31,33 @@ def fds_settle(baseline: int, timeout: float = 2.0) -> int:
 def fired_at(elapsed: float, limit: float) -> bool:
     """Whether a limit of `limit` seconds fired on time, within the tolerance."""
     return limit - EARLY <= elapsed <= limit + LATE
+
+
+async def eventually(ready: Callable[[], bool], timeout: float = 2.0) -> bool:
+    """Whether `ready()` becomes true within `timeout`, polling without blocking the loop.
+
+    Async tests must not wait on a server with a blocking call: the event loop then
+    cannot run the close it has scheduled.
+    """
+    end = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() >= end:
+            return False
+        await anyio.sleep(0.005)
+    return True
+
+
+async def peer_closed(server: Server, count: int = 1, timeout: float = 2.0) -> bool:
+    """Whether `server` saw its peer close `count` connections within `timeout`."""
+    return await eventually(lambda: server.peer_closed >= count, timeout)
+
+
+async def server_idle(server: Server, timeout: float = 2.0) -> bool:
+    """Whether `server` has no connection open within `timeout`."""
+    return await eventually(lambda: server.opened == server.closed, timeout)
+
+
+async def fds_back(baseline: int, timeout: float = 2.0) -> int:
+    """The fd count once back to `baseline` (or when `timeout` ran out)."""
+    await eventually(lambda: open_fds() == baseline, timeout)
+    return open_fds()

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import anyio
 import httpx
 import pytest
-from outbound_helpers import fds_settle, fired_at, open_fds
+from outbound_helpers import fds_back, fds_settle, fired_at, open_fds, peer_closed, server_idle
 
 import deadlines
 import deadlines.httpx as dhttpx
@@ -71,9 +71,9 @@ async def test_async_each_server_fails_in_its_phase_and_closes(name: str) -> Non
             assert caught.value.retry_safe is (not sent)
             assert caught.value.dependency == "t"
             if server.scheme == "https" or not isinstance(server, BlackholeServer):
-                assert server.wait_peer_closed(1), "the client did not close its socket"
-            assert server.wait_idle()
-            assert fds_settle(baseline) == baseline  # closed while the client is still open
+                assert await peer_closed(server), "the client did not close its socket"
+            assert await server_idle(server)
+            assert await fds_back(baseline) == baseline  # closed while the client is still open
 
 
 @pytest.mark.parametrize("name", ["slow", "silent", "trickle", "trickle-idle", "blackhole"])
@@ -101,7 +101,7 @@ async def test_reset_mid_body_is_httpx_read_error() -> None:
         async with dhttpx.AsyncClient(DEP) as client:
             with pytest.raises(httpx.ReadError):
                 await client.get(server.url)
-            assert fds_settle(baseline) == baseline
+            assert await fds_back(baseline) == baseline
 
 
 @pytest.mark.anyio
@@ -184,7 +184,7 @@ async def test_async_request_deadline_binding_is_deadline_exceeded() -> None:
                 async with deadlines.scope(0.3):
                     await client.get(server.url)
             assert fired_at(time.monotonic() - start, 0.3)
-            assert server.wait_peer_closed(1)
+            assert await peer_closed(server)
 
 
 @pytest.mark.anyio
@@ -202,8 +202,8 @@ async def test_streamed_body_is_bounded_by_the_total() -> None:
             assert fired_at(time.monotonic() - start, 0.8)
             assert received > 3
             assert caught.value.phase == "body"
-            assert server.wait_peer_closed(1)
-            assert fds_settle(baseline) == baseline
+            assert await peer_closed(server)
+            assert await fds_back(baseline) == baseline
 
 
 @pytest.mark.anyio
@@ -345,9 +345,9 @@ async def test_cancel_closes_the_socket_at_once(name: str, make: Callable[[], Se
                         pass
 
             cancelled_at = await _cancel_after(0.3, call)
-            assert server.wait_peer_closed(1, timeout=1.0)
+            assert await peer_closed(server, timeout=1.0)
             assert server.close_times[0] - cancelled_at < 0.25
-            assert fds_settle(baseline) == baseline  # the client is still open
+            assert await fds_back(baseline) == baseline  # the client is still open
 
 
 @pytest.mark.anyio
@@ -360,9 +360,9 @@ async def test_deadline_during_tls_handshake_closes_the_socket() -> None:
                 async with deadlines.scope(0.3):
                     await client.get(server.url)
             fired = time.monotonic()
-            assert server.wait_peer_closed(1, timeout=1.0)
+            assert await peer_closed(server, timeout=1.0)
             assert server.close_times[0] - fired < 0.25
-            assert fds_settle(baseline) == baseline
+            assert await fds_back(baseline) == baseline
 
 
 @pytest.mark.anyio
@@ -372,7 +372,7 @@ async def test_cancel_during_connect_to_a_blackhole_frees_the_socket() -> None:
         baseline = open_fds()
         async with dhttpx.AsyncClient(SLOW_CAPS) as client:
             await _cancel_after(0.2, lambda: client.get(server.url))
-            assert fds_settle(baseline, timeout=0.5) == baseline
+            assert await fds_back(baseline, timeout=0.5) == baseline
 
 
 @pytest.mark.anyio
@@ -385,7 +385,7 @@ async def test_cancel_while_waiting_for_the_pool_gives_back_nothing_held() -> No
                 assert await anyio.to_thread.run_sync(server.wait_requests, 1)
                 await _cancel_after(0.1, lambda: client.get(healthy.url))
                 group.cancel_scope.cancel()
-            assert server.wait_peer_closed(1)
+            assert await peer_closed(server)
             response = await client.get(healthy.url)
             assert response.status_code == 200
 

@@ -1,0 +1,489 @@
+"""aiohttp with every phase of a call bounded, inside the request's deadline.
+
+    import deadlines, deadlines.aiohttp
+
+    pricing = deadlines.Dependency("pricing", connect=0.5, headers=1.0, total=2.0, pool_size=10)
+
+    async with deadlines.aiohttp.session(pricing) as http:
+        async with deadlines.scope(2.0):
+            async with http.get("http://pricing/prices/42") as response:
+                price = await response.json()
+
+`session` returns a `Session`: a thin wrapper over an `aiohttp.ClientSession` (its
+``client``) with the same request methods, returning ordinary `aiohttp.ClientResponse`
+objects. For every request, from the `Dependency` and the deadline (`CallBudget`):
+
+* below `min_useful` remaining → `BudgetExhausted`, nothing sent;
+* waiting in the pool (``TCPConnector(limit=pool_size)``, this dependency's alone) ≤
+  min(pool_wait, time left), measured with `aiohttp.TraceConfig` (connection queued
+  start/end) and reported as ``response.pool_wait`` and the error's ``pool_wait``;
+* DNS + TCP + TLS ≤ min(connect, time left); sending the request and waiting for the
+  response head ≤ min(headers, time left);
+* each silence in the body ≤ idle (aiohttp's own ``sock_read`` timer, started once
+  the head has arrived), and the whole call, body included, ≤ min(total, the
+  request's deadline);
+* ``x-request-timeout-ms`` carries the time left, computed once a connection is ready.
+
+aiohttp's own timers round any timeout above ``ceil_threshold`` (5 s by default) up to
+a whole second of loop time, so a 5.2 s limit could fire at 6 s. Here they are all
+switched off (a `ClientTimeout` without limits, ``ceil_threshold=inf``) except the
+unrounded ``sock_read`` for the body: one precise timer per call, moved along as
+`TraceConfig` reports each phase, bounds everything up to the response head, and a
+timer at the call's end bounds each read of the body. A limit that fires
+is raised as the matching `CallTimeout` subclass or `DeadlineExceeded`, translated at
+one boundary; other errors are aiohttp's own (`aiohttp.ClientConnectorError`, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
+from types import TracebackType
+from typing import Any, cast
+
+try:
+    import aiohttp
+    from multidict import CIMultiDict
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "deadlines.aiohttp needs aiohttp: install it with `pip install 'deadlines[aiohttp]'`"
+    ) from exc
+
+from . import _clock, retry
+from ._budget import CallBudget, Limit
+from ._dependency import Dependency
+from .wire import HEADER
+
+__all__ = ["Response", "Session", "session"]
+
+#: aiohttp's timers, all off: this module keeps the time itself, without rounding.
+_NO_TIMEOUT = aiohttp.ClientTimeout(
+    total=None, connect=None, sock_read=None, sock_connect=None, ceil_threshold=math.inf
+)
+
+
+class _Call:
+    """One attempt: its budget, phase, and the one timer that bounds it to the head."""
+
+    __slots__ = ("budget", "guard", "limit", "loop", "queued_at", "request", "request_sent")
+
+    def __init__(self, budget: CallBudget, loop: asyncio.AbstractEventLoop) -> None:
+        self.budget = budget
+        self.loop = loop
+        self.limit: Limit = "pool"
+        self.request_sent = False
+        self.queued_at: float | None = None
+        self.guard: asyncio.Timeout | None = None
+        self.request: aiohttp.ClientRequest | None = None
+
+    def at(self, seconds: float) -> float:
+        """Loop time `seconds` from now (the budget may run on another monotonic clock)."""
+        return self.loop.time() + seconds
+
+    def arm(self, limit: Limit) -> None:
+        """Enter the phase bounded by `limit`: move the guard to its end."""
+        self.limit = limit
+        if self.guard is not None:
+            self.guard.reschedule(self.at(self.budget.limit(limit)))
+
+    def connection_ready(self) -> None:
+        """A connection is ours: the request goes out now, with the time left in it."""
+        if self.budget.pool_wait is None:
+            self.budget.pool_wait = 0.0
+        if self.request is not None:
+            self.request.headers[HEADER] = self.budget.header_ms()
+        self.request_sent = True  # conservatively: from here on it may reach the server
+        self.arm("headers")
+
+    def error(self) -> TimeoutError:
+        """The taxonomy error for the limit in force."""
+        if self.budget.pool_wait is None and self.queued_at is not None:
+            self.budget.pool_wait = _clock.now() - self.queued_at  # still queued
+        return self.budget.timeout(self.limit, request_sent=self.request_sent)
+
+
+_current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
+    "deadlines.aiohttp.call", default=None
+)
+
+
+# TraceConfig callbacks: they run in the request's task, so they find its call.
+
+
+async def _queued_start(session: Any, context: Any, params: Any) -> None:
+    call = _current.get()
+    if call is not None:
+        call.queued_at = _clock.now()
+
+
+async def _queued_end(session: Any, context: Any, params: Any) -> None:
+    call = _current.get()
+    if call is not None and call.queued_at is not None:
+        call.budget.pool_wait = _clock.now() - call.queued_at
+
+
+async def _create_start(session: Any, context: Any, params: Any) -> None:
+    call = _current.get()
+    if call is not None:
+        if call.budget.pool_wait is None:
+            call.budget.pool_wait = 0.0
+        call.arm("connect")
+
+
+async def _connection_ready(session: Any, context: Any, params: Any) -> None:
+    call = _current.get()
+    if call is not None:
+        call.connection_ready()
+
+
+def _trace_config() -> aiohttp.TraceConfig:
+    config = aiohttp.TraceConfig()
+    config.on_connection_queued_start.append(_queued_start)
+    config.on_connection_queued_end.append(_queued_end)
+    config.on_connection_create_start.append(_create_start)
+    config.on_connection_create_end.append(_connection_ready)
+    config.on_connection_reuseconn.append(_connection_ready)
+    return config
+
+
+async def _keep_request(
+    request: aiohttp.ClientRequest, handler: Callable[[aiohttp.ClientRequest], Awaitable[Any]]
+) -> aiohttp.ClientResponse:
+    """Client middleware: remember the request so the header is set once connected."""
+    call = _current.get()
+    if call is not None:
+        call.request = request
+    return cast(aiohttp.ClientResponse, await handler(request))
+
+
+# The one boundary: a timer of ours that fired becomes the taxonomy error.
+
+
+@contextlib.contextmanager
+def _translated(call: _Call, timer: asyncio.Timeout) -> Iterator[None]:
+    try:
+        yield
+    except TimeoutError as exc:
+        if timer.expired():
+            raise call.error() from exc
+        if isinstance(exc, aiohttp.SocketTimeoutError):  # the body's idle timer (sock_read)
+            call.limit = "idle"
+            raise call.error() from exc
+        raise
+
+
+class _Content:
+    """The response body stream, each read bounded by the idle gap and the call's end.
+
+    Stands in for ``response.content`` (an `aiohttp.StreamReader`); everything but
+    reading is passed through.
+    """
+
+    def __init__(self, inner: aiohttp.StreamReader, call: _Call, response: Response) -> None:
+        self._inner = inner
+        self._call = call
+        self._response = response
+
+    async def _bounded(self, read: Coroutine[Any, Any, Any]) -> Any:
+        call = self._call
+        call.limit = "total"
+        timer = asyncio.timeout_at(call.at(call.budget.limit("total")))
+        try:
+            with _translated(call, timer):
+                async with timer:
+                    return await read
+        except BaseException as exc:
+            self._response.close()  # a broken or abandoned body: close the socket now
+            call.budget.finish(exc)
+            raise
+
+    async def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes (all with -1)."""
+        return cast(bytes, await self._bounded(self._inner.read(n)))
+
+    async def readany(self) -> bytes:
+        """The next bytes that arrive."""
+        return cast(bytes, await self._bounded(self._inner.readany()))
+
+    async def readchunk(self) -> tuple[bytes, bool]:
+        """The next HTTP chunk and whether it ended."""
+        return cast(tuple[bytes, bool], await self._bounded(self._inner.readchunk()))
+
+    async def readexactly(self, n: int) -> bytes:
+        """Exactly `n` bytes."""
+        return cast(bytes, await self._bounded(self._inner.readexactly(n)))
+
+    async def readline(self) -> bytes:
+        """The next line."""
+        return cast(bytes, await self._bounded(self._inner.readline()))
+
+    async def readuntil(self, separator: bytes = b"\n") -> bytes:
+        """Bytes up to and including `separator`."""
+        return cast(bytes, await self._bounded(self._inner.readuntil(separator)))
+
+    async def iter_chunked(self, n: int) -> AsyncIterator[bytes]:
+        """Chunks of at most `n` bytes."""
+        while chunk := await self.read(n):
+            yield chunk
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        """Bytes as they arrive."""
+        while chunk := await self.readany():
+            yield chunk
+
+    async def iter_chunks(self) -> AsyncIterator[tuple[bytes, bool]]:
+        """HTTP chunks with their end-of-chunk flag."""
+        while (chunk := await self.readchunk()) != (b"", False):
+            yield chunk
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        while line := await self.readline():
+            yield line
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class Response(aiohttp.ClientResponse):
+    """An `aiohttp.ClientResponse` whose body reads are bounded by the call's limits.
+
+    ``pool_wait`` is the seconds this call waited for a pooled connection.
+    """
+
+    _deadlines_call: _Call | None = None
+    _deadlines_raw: aiohttp.StreamReader | None = None
+
+    @property
+    def pool_wait(self) -> float | None:
+        """Seconds spent waiting for a pooled connection (None if unknown)."""
+        call = self._deadlines_call
+        return None if call is None else call.budget.pool_wait
+
+    @property
+    def content(self) -> aiohttp.StreamReader:
+        """The body stream; its reads are bounded once the call owns this response."""
+        raw = self._deadlines_raw
+        call = self._deadlines_call
+        if raw is None or call is None:
+            return cast(aiohttp.StreamReader, raw)
+        return cast(aiohttp.StreamReader, _Content(raw, call, self))
+
+    @content.setter
+    def content(self, value: aiohttp.StreamReader) -> None:
+        self._deadlines_raw = value
+
+    def release(self) -> Any:
+        """Release the connection and report the end of the call."""
+        if self._deadlines_call is not None:
+            self._deadlines_call.budget.finish()
+        return super().release()
+
+    def close(self) -> None:
+        """Close the connection and report the end of the call."""
+        if self._deadlines_call is not None:
+            self._deadlines_call.budget.finish()
+        super().close()
+
+
+class _RequestContext:
+    """What `Session.get` and friends return: await it, or use it with ``async with``."""
+
+    def __init__(self, coro: Coroutine[Any, Any, Response]) -> None:
+        self._coro = coro
+        self._response: Response | None = None
+
+    def __await__(self) -> Generator[Any, None, Response]:
+        return self._coro.__await__()
+
+    async def __aenter__(self) -> Response:
+        self._response = await self._coro
+        await self._response.__aenter__()
+        return self._response
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        assert self._response is not None
+        await self._response.__aexit__(exc_type, exc, tb)
+
+
+def _request_sent(exc: BaseException) -> bool | None:
+    """For retries: whether `exc` may have reached the server (None: do not retry)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return True
+    return retry.request_sent(exc)
+
+
+def _replayable(kwargs: dict[str, Any]) -> bool:
+    data = kwargs.get("data")
+    return data is None or isinstance(data, bytes | str | dict | list | tuple)
+
+
+_DECIDED_BY_DEPENDENCY = ("timeout", "connector", "read_timeout", "conn_timeout")
+
+
+class Session:
+    """An `aiohttp.ClientSession` for one dependency, every call bounded by its limits.
+
+    Args:
+        dependency: The limits, pool size and retry rule for the service called.
+        ssl: Passed to the `aiohttp.TCPConnector` (False to skip verification).
+        **kwargs: Any other `aiohttp.ClientSession` argument, except those the
+            dependency decides (``timeout``, ``connector``). ``trace_configs`` and
+            ``middlewares`` are kept, after this module's own.
+
+    Request methods take aiohttp's arguments (``timeout=`` excepted) and return
+    `Response` objects, used as usual (``async with`` or ``await``).
+    """
+
+    def __init__(self, dependency: Dependency, *, ssl: Any = True, **kwargs: Any) -> None:
+        if not isinstance(dependency, Dependency):
+            raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
+        for name in _DECIDED_BY_DEPENDENCY:
+            if name in kwargs:
+                raise TypeError(
+                    f"{name}= is decided by the deadlines.Dependency (limits, pool size) and"
+                    " cannot be passed to a deadlines.aiohttp session"
+                )
+        self.dependency = dependency
+        connector = aiohttp.TCPConnector(
+            limit=dependency.pool_size,
+            limit_per_host=0,
+            ssl=ssl,
+            timeout_ceil_threshold=math.inf,
+        )
+        self.client = aiohttp.ClientSession(
+            connector=connector,
+            timeout=_NO_TIMEOUT,
+            response_class=Response,
+            trace_configs=[_trace_config(), *kwargs.pop("trace_configs", ())],
+            middlewares=(_keep_request, *kwargs.pop("middlewares", ())),
+            **kwargs,
+        )
+
+    def request(self, method: str, url: Any, **kwargs: Any) -> _RequestContext:
+        """Send `method` to `url` inside the budget; aiohttp's request arguments."""
+        if "timeout" in kwargs:
+            raise TypeError("timeout= is decided by the deadlines.Dependency")
+        return _RequestContext(self._send(method.upper(), url, kwargs))
+
+    def get(self, url: Any, **kwargs: Any) -> _RequestContext:
+        """GET `url`."""
+        return self.request("GET", url, **kwargs)
+
+    def head(self, url: Any, **kwargs: Any) -> _RequestContext:
+        """HEAD `url`."""
+        return self.request("HEAD", url, **kwargs)
+
+    def options(self, url: Any, **kwargs: Any) -> _RequestContext:
+        """OPTIONS `url`."""
+        return self.request("OPTIONS", url, **kwargs)
+
+    def post(self, url: Any, **kwargs: Any) -> _RequestContext:
+        """POST to `url`."""
+        return self.request("POST", url, **kwargs)
+
+    def put(self, url: Any, **kwargs: Any) -> _RequestContext:
+        """PUT to `url`."""
+        return self.request("PUT", url, **kwargs)
+
+    def patch(self, url: Any, **kwargs: Any) -> _RequestContext:
+        """PATCH `url`."""
+        return self.request("PATCH", url, **kwargs)
+
+    def delete(self, url: Any, **kwargs: Any) -> _RequestContext:
+        """DELETE `url`."""
+        return self.request("DELETE", url, **kwargs)
+
+    async def _send(self, method: str, url: Any, kwargs: dict[str, Any]) -> Response:
+        policy = self.dependency.retry
+        if policy is None:
+            return await self._attempt(method, url, kwargs)
+        headers = CIMultiDict(kwargs.get("headers") or {})
+        return await retry.run_async(
+            lambda: self._attempt(method, url, kwargs),
+            policy=policy,
+            method=method,
+            idempotency_key="idempotency-key" in headers,
+            replayable=_replayable(kwargs),
+            min_attempt=self.dependency.min_useful,
+            request_sent=_request_sent,
+            retry_response=lambda response: response.status in policy.statuses,
+            discard=_release,
+        )
+
+    async def _attempt(self, method: str, url: Any, kwargs: dict[str, Any]) -> Response:
+        budget = CallBudget(self.dependency)  # BudgetExhausted here: nothing was sent
+        budget.__enter__()
+        call = _Call(budget, asyncio.get_running_loop())
+        token = _current.set(call)
+        try:
+            guard = call.guard = asyncio.timeout_at(call.at(budget.limit("pool")))
+            with _translated(call, guard):
+                async with guard:
+                    response = await self.client._request(
+                        method, url, timeout=_NO_TIMEOUT, **kwargs
+                    )
+                    guard.reschedule(None)
+        except BaseException as exc:
+            budget.finish(exc)
+            raise
+        finally:
+            _current.reset(token)
+            call.guard = None
+        response = cast(Response, response)
+        response._deadlines_call = call
+        _start_idle_timer(response, self.dependency.idle)
+        return response
+
+    async def close(self) -> None:
+        """Close the session and its pooled connections."""
+        await self.client.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether the session is closed."""
+        return self.client.closed
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+def _start_idle_timer(response: Response, idle: float) -> None:
+    """Start aiohttp's own per-chunk read timer (sock_read) for the body only.
+
+    It measures the silence since the last byte received, exactly, and aiohttp stops it
+    at the end of the body. It is off while waiting for the head, which has its own
+    window here, so a short idle cap cannot pose as a headers timeout.
+    """
+    connection = response.connection
+    raw = response._deadlines_raw
+    if connection is None or connection.protocol is None or raw is None or raw.is_eof():
+        return
+    connection.protocol.read_timeout = idle
+    connection.protocol.start_timeout()
+
+
+async def _release(response: Response) -> None:
+    response.release()
+
+
+def session(dependency: Dependency, **kwargs: Any) -> Session:
+    """A `Session` for `dependency`; `kwargs` as for `Session`. Use it with ``async with``."""
+    return Session(dependency, **kwargs)
