@@ -17,6 +17,7 @@ from . import __version__
 #: subcommand -> (module with `add_arguments(parser)` and `run(args) -> int`, help)
 _COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("deadlines.plan.cli", "Propose timeouts from measured latency; check a call tree."),
+    "audit": ("deadlines.audit.cli", "Find unbounded waits in Python code (static check)."),
     "sim": ("deadlines.sim.cli", "Simulate a scenario (TOML): cascades, chains, slow servers."),
     "pg-audit": ("deadlines.postgres", "Report Postgres settings that run with no time limit."),
 }
