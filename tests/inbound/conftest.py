@@ -7,7 +7,7 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -139,6 +139,16 @@ class Events:
         _wait(lambda: len(self.finished()) >= count, f"{count} finished requests", timeout)
         return self.finished()
 
+    async def until_finished(
+        self, count: int = 1, timeout: float = 5.0
+    ) -> list[deadlines.RequestFinished]:
+        """`wait_finished` for servers on the test's own event loop."""
+        end = time.monotonic() + timeout
+        while len(self.finished()) < count:
+            assert time.monotonic() < end, f"{count} requests never finished: {self.items}"
+            await asyncio.sleep(0.005)
+        return self.finished()
+
 
 @pytest.fixture
 def events() -> Iterator[Events]:
@@ -225,3 +235,24 @@ def serve_waitress(app: Any) -> Iterator[str]:
         thread.join(10)
         server.task_dispatcher.shutdown()
         assert not thread.is_alive(), "waitress did not stop"
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_in_loop(app: Any) -> AsyncIterator[str]:
+    """Serve an ASGI app with uvicorn on the current event loop; yields its base URL."""
+    import uvicorn
+
+    sock = free_socket()
+    config = uvicorn.Config(app, ws="none", lifespan="off", log_level="critical", access_log=False)
+    server = uvicorn.Server(config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    try:
+        while not server.started:
+            if task.done():
+                task.result()
+            await asyncio.sleep(0.005)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+        sock.close()

@@ -1,0 +1,266 @@
+"""gRPC (grpc.aio): the caller's deadline becomes the request's, and every outbound call carries it.
+
+    import deadlines.grpc
+
+    server = grpc.aio.server(interceptors=[
+        deadlines.grpc.DeadlineInterceptor(default=2.0, maximum=10.0),
+    ])
+    channel = grpc.aio.insecure_channel(target, interceptors=deadlines.grpc.client_interceptors(
+        dependency=deadlines.Dependency("pricing", min_useful=0.05),
+    ))
+
+Server side: gRPC sends the caller's deadline as ``grpc-timeout``; grpc.aio exposes it
+as `context.time_remaining()`, which is None when the caller set none. The interceptor
+turns it (and an ``x-request-timeout-ms`` metadata entry, if any) into the request's
+`Deadline` -- capped at the method's maximum, minus a reserve, the method's default
+when there is none -- and runs the handler inside `deadlines.scope`, so
+`deadlines.current()` works in handlers and HTTP calls made from them carry the same
+budget. A deadline that passes aborts the RPC with ``DEADLINE_EXCEEDED``; a call that
+arrives already expired is aborted without running the handler. When the caller
+cancels or its connection drops, grpc.aio cancels the handler itself; the interceptor
+reports it as ``caller_left`` (as it does a server shutting down).
+
+Client side: grpcio does not forward a deadline to outbound calls by itself. The client
+interceptors give every call ``timeout = min(the call's own timeout, what is left)``
+(``grpc-timeout`` on the wire), fail fast with `BudgetExhausted` below the
+dependency's `min_useful`, and turn ``DEADLINE_EXCEEDED`` into `DeadlineExceeded` (the
+request's deadline was binding) or `TotalTimeout` (the call's own limit was).
+
+Only async (grpc.aio) handlers are wrapped; sync handlers pass through unchanged.
+Unary calls through the client interceptors return the response directly (awaiting
+the call inside the interceptor is what allows the error translation), so
+per-call metadata is not available on those calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from datetime import timedelta
+from typing import Any
+
+from . import _clock, _events, _inbound, _validate, wire
+from ._budget import CallBudget
+from ._dependency import Dependency
+from ._errors import DeadlineExceeded, TotalTimeout
+from ._events import RequestOutcome
+from ._inbound import Limits
+from ._scope import scope as deadline_scope
+
+try:
+    import grpc
+    import grpc.aio
+except ImportError as exc:  # pragma: no cover - exercised without grpcio installed
+    raise ImportError("deadlines.grpc needs grpcio: pip install 'deadlines[grpc]'") from exc
+
+__all__ = ["DeadlineInterceptor", "Limits", "client_interceptors"]
+
+
+class DeadlineInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Server interceptor: each RPC runs under the caller's deadline (see the module docs).
+
+    Args:
+        default: Budget in seconds when the caller set no deadline.
+        maximum: The most a caller may ask for; a longer deadline is capped.
+        reserve: Subtracted from the budget for the time on the wire and for the reply.
+        routes: Limits per method: ``"/pkg.Service/Method"`` or ``"/pkg.Service/*"``.
+    """
+
+    def __init__(
+        self,
+        *,
+        default: float | timedelta,
+        maximum: float | timedelta,
+        reserve: float | timedelta = 0.05,
+        routes: Mapping[str, Limits] | None = None,
+    ) -> None:
+        self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
+        self._reserve = _validate.seconds(reserve, "reserve")
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[Any], Awaitable[Any]],
+        handler_call_details: Any,
+    ) -> Any:
+        """Wrap the method's handler so that it runs under the deadline."""
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return None
+        method: str = handler_call_details.method
+        _, limits_ = self._table.match("", method)
+        metadata = handler_call_details.invocation_metadata or ()
+        rpc = _Rpc(method, limits_, self._reserve, wire.header_budget(metadata))
+        for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
+            behavior = getattr(handler, kind, None)
+            if behavior is not None and _is_async(behavior):
+                return handler._replace(**{kind: rpc.wrap(behavior, kind.endswith("stream"))})
+        return handler
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+class _Rpc:
+    """The deadline rules for one incoming RPC."""
+
+    __slots__ = ("header", "limits", "method", "reserve")
+
+    def __init__(self, method: str, limits_: Limits, reserve: float, header: float | None) -> None:
+        self.method, self.limits, self.reserve, self.header = method, limits_, reserve, header
+
+    def budget(self, context: Any) -> float:
+        """min(time_remaining, metadata header, maximum) or default, minus reserve."""
+        left = context.time_remaining()
+        found = [
+            value
+            for value in (left, self.header)
+            if value is not None and math.isfinite(value) and value < _validate.ABSURD_SECONDS
+        ]
+        chosen = self.limits.default if not found else min(min(found), self.limits.maximum)
+        return max(0.0, chosen - self.reserve)
+
+    def wrap(self, behavior: Any, streams_out: bool) -> Callable[[Any, Any], Awaitable[Any]]:
+        async def run(request: Any, context: Any) -> Any:
+            started = _clock.now()
+            budget = self.budget(context)
+            if _events.active():
+                _events.emit(_events.RequestStarted(self.method, budget))
+            outcome: RequestOutcome = "error"
+            try:
+                if budget <= 0.0:
+                    outcome = "budget_exhausted"
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded on arrival"
+                    )
+                try:
+                    async with deadline_scope(budget):
+                        result = behavior(request, context)
+                        if not streams_out:
+                            answer = await result
+                        elif inspect.isasyncgen(result):
+                            async for item in result:
+                                await context.write(item)
+                            answer = None
+                        else:
+                            answer = await result
+                except DeadlineExceeded as exc:
+                    outcome = _inbound.deadline_outcome(exc)
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+                except asyncio.CancelledError:
+                    # Our own deadline arrives as DeadlineExceeded; grpc.aio cancels the
+                    # handler when the caller cancels or goes away (or at server stop).
+                    outcome = "caller_left"
+                    raise
+                outcome = "ok"
+                return answer
+            finally:
+                if _events.active():
+                    duration = _clock.now() - started
+                    _events.emit(_events.RequestFinished(self.method, outcome, duration, budget))
+
+        return run
+
+
+def client_interceptors(*, dependency: Dependency | None = None) -> list[Any]:
+    """Client interceptors for `grpc.aio` channels: one per call shape, all sharing `dependency`.
+
+    Every outbound call gets ``timeout = min(its own timeout, the time left)``; below the
+    dependency's `min_useful` the call is not made (`BudgetExhausted`); a
+    ``DEADLINE_EXCEEDED`` status becomes `DeadlineExceeded` or `TotalTimeout`.
+    """
+    policy = dependency if dependency is not None else Dependency("grpc")
+    if not isinstance(policy, Dependency):
+        raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
+    return [
+        _UnaryUnary(policy),
+        _UnaryStream(policy),
+        _StreamUnary(policy),
+        _StreamStream(policy),
+    ]
+
+
+class _Call:
+    """One outbound call's limits: the timeout to send and the error for DEADLINE_EXCEEDED."""
+
+    __slots__ = ("budget", "own", "own_binding", "timeout")
+
+    def __init__(self, dependency: Dependency, own: float | None) -> None:
+        self.budget = CallBudget(dependency)  # raises BudgetExhausted: nothing sent
+        left = self.budget.limit("total")
+        self.own = own
+        self.own_binding = own is not None and own < left
+        self.timeout = left if own is None else min(own, left)
+
+    def details(self, details: Any) -> Any:
+        return details._replace(timeout=self.timeout)
+
+    def error(self, exc: grpc.aio.AioRpcError) -> TimeoutError | None:
+        """The deadlines error for a failed call, or None when it is not a timeout."""
+        if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            return None
+        if self.own_binding:
+            assert self.own is not None
+            return TotalTimeout(
+                limit=self.own,
+                elapsed=_clock.now() - self.budget.start,
+                dependency=self.budget.dependency.name,
+                phase="body",
+            )
+        return self.budget.timeout("total")
+
+    async def unary(self, call: Any) -> Any:
+        with self.budget:
+            try:
+                return await call
+            except grpc.aio.AioRpcError as exc:
+                error = self.error(exc)
+                if error is None:
+                    raise
+                raise error from exc
+
+    async def stream(self, call: Any) -> AsyncIterator[Any]:
+        with self.budget:
+            try:
+                async for item in call:
+                    yield item
+            except grpc.aio.AioRpcError as exc:
+                error = self.error(exc)
+                if error is None:
+                    raise
+                raise error from exc
+
+
+class _Interceptor:
+    def __init__(self, dependency: Dependency) -> None:
+        self._dependency = dependency
+
+
+class _UnaryUnary(_Interceptor, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        call = _Call(self._dependency, details.timeout)
+        return await call.unary(await continuation(call.details(details), request))
+
+
+class _UnaryStream(_Interceptor, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        call = _Call(self._dependency, details.timeout)
+        return call.stream(await continuation(call.details(details), request))
+
+
+class _StreamUnary(_Interceptor, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        call = _Call(self._dependency, details.timeout)
+        return await call.unary(await continuation(call.details(details), request_iterator))
+
+
+class _StreamStream(_Interceptor, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(
+        self, continuation: Any, details: Any, request_iterator: Any
+    ) -> Any:
+        call = _Call(self._dependency, details.timeout)
+        return call.stream(await continuation(call.details(details), request_iterator))

@@ -1,0 +1,291 @@
+"""gRPC (grpc.aio): the server interceptor and the client interceptors on a real server.
+
+Generic handlers with raw bytes, so no generated code is needed. Everything runs on the
+test's event loop: the gRPC server, uvicorn for the HTTP hops, and the clients.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+import httpx
+import pytest
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+import deadlines
+import deadlines.grpc
+from deadlines import wire
+from deadlines.asgi import DeadlineMiddleware
+from deadlines.grpc import DeadlineInterceptor, Limits, client_interceptors
+
+from .conftest import Events, uvicorn_in_loop
+
+pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
+
+SERVICE = "test.Clock"
+
+
+class Service:
+    """Handlers that report the deadline they run under, and slow ones."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, int] = {}
+        self.cancelled: list[str] = []
+        self.http_url = ""
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    async def remaining(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._count("Remaining")
+        left = deadlines.remaining() if deadlines.current() else None
+        return json.dumps({"remaining": left, "time_remaining": context.time_remaining()}).encode()
+
+    async def slow(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        self._count("Slow")
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            self.cancelled.append(request.decode())
+            raise
+        return b"done"
+
+    async def ticks(
+        self, request: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        for i in range(int(request.decode())):
+            await asyncio.sleep(0.05)
+            yield f"{i}:{deadlines.remaining():.3f}".encode()
+
+    async def via_http(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        """A gRPC handler calling an HTTP service with the remaining budget."""
+        async with httpx.AsyncClient(timeout=deadlines.remaining()) as client:
+            answer = await client.get(
+                f"{self.http_url}/remaining", headers=wire.outbound_headers(deadlines.remaining())
+            )
+        return answer.content
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Remaining": grpc.unary_unary_rpc_method_handler(self.remaining),
+                "Slow": grpc.unary_unary_rpc_method_handler(self.slow),
+                "Short": grpc.unary_unary_rpc_method_handler(self.slow),
+                "Ticks": grpc.unary_stream_rpc_method_handler(self.ticks),
+                "ViaHttp": grpc.unary_unary_rpc_method_handler(self.via_http),
+            },
+        )
+
+
+class Rig:
+    """A running gRPC server and a plain and an intercepted channel to it."""
+
+    def __init__(self, service: Service, target: str, plain: Any, smart: Any) -> None:
+        self.service, self.target, self.plain, self.smart = service, target, plain, smart
+
+    def plain_call(self, method: str) -> Any:
+        return self.plain.unary_unary(f"/{SERVICE}/{method}")
+
+    def smart_call(self, method: str) -> Any:
+        return self.smart.unary_unary(f"/{SERVICE}/{method}")
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    """A grpc.aio server with DeadlineInterceptor, and channels to it."""
+    service = Service()
+    interceptor = DeadlineInterceptor(
+        default=1.0,
+        maximum=2.0,
+        routes={f"/{SERVICE}/Short": Limits(default=0.3, maximum=0.3)},
+    )
+    server = grpc.aio.server(interceptors=[interceptor])
+    server.add_generic_rpc_handlers((service.handler(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    target = f"127.0.0.1:{port}"
+    plain = grpc.aio.insecure_channel(target)
+    smart = grpc.aio.insecure_channel(
+        target,
+        interceptors=client_interceptors(dependency=deadlines.Dependency("clock", min_useful=0.1)),
+    )
+    try:
+        yield Rig(service, target, plain, smart)
+    finally:
+        await plain.close()
+        await smart.close()
+        await server.stop(None)
+
+
+async def remaining_of(call: Any, **kwargs: Any) -> dict[str, Any]:
+    """Call Remaining and decode the answer."""
+    result: dict[str, Any] = json.loads(await call(b"", **kwargs))
+    return result
+
+
+async def test_time_remaining_becomes_the_deadline(rig: Rig) -> None:
+    """The caller's gRPC deadline, capped at the maximum, minus reserve, is the handler's."""
+    seen = await remaining_of(rig.plain_call("Remaining"), timeout=0.8)
+    assert 0.5 < seen["remaining"] <= 0.75
+    assert seen["remaining"] < seen["time_remaining"]
+    capped = await remaining_of(rig.plain_call("Remaining"), timeout=60)
+    assert 1.7 < capped["remaining"] <= 1.95
+
+
+async def test_no_caller_deadline_uses_default(rig: Rig) -> None:
+    """time_remaining() is None without a caller deadline: the default applies."""
+    seen = await remaining_of(rig.plain_call("Remaining"))
+    assert seen["time_remaining"] is None
+    assert 0.8 < seen["remaining"] <= 0.95
+
+
+async def test_metadata_header_is_honoured(rig: Rig) -> None:
+    """An x-request-timeout-ms metadata entry shorter than the gRPC deadline wins."""
+    seen = await remaining_of(
+        rig.plain_call("Remaining"), timeout=5, metadata=((wire.HEADER, "400"),)
+    )
+    assert 0.2 < seen["remaining"] <= 0.35
+
+
+async def test_deadline_aborts_with_deadline_exceeded(rig: Rig, events: Events) -> None:
+    """The method's 0.3 s maximum cancels the handler and aborts with DEADLINE_EXCEEDED."""
+    begin = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await rig.plain_call("Short")(b"short", timeout=5)
+    took = time.monotonic() - begin
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "deadline exceeded after" in (info.value.details() or "")
+    assert 0.24 <= took <= 0.25 + 0.5
+    assert rig.service.cancelled == ["short"]
+    finished = (await events.until_finished(1))[0]
+    assert (finished.route, finished.outcome) == (f"/{SERVICE}/Short", "deadline")
+
+
+async def test_expired_on_arrival_never_runs(rig: Rig, events: Events) -> None:
+    """A caller deadline shorter than the reserve is aborted without running the handler."""
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await rig.plain_call("Slow")(b"x", timeout=0.02)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    await asyncio.sleep(0.05)
+    assert rig.service.calls.get("Slow") is None
+    assert (await events.until_finished(1))[0].outcome == "budget_exhausted"
+
+
+async def test_caller_cancel_cancels_handler(rig: Rig, events: Events) -> None:
+    """When the caller cancels, the handler is cancelled and reported as caller_left."""
+    call = rig.plain_call("Slow")(b"gone", timeout=5)
+    await asyncio.sleep(0.2)
+    call.cancel()
+    for _ in range(100):
+        if rig.service.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert rig.service.cancelled == ["gone"]
+    assert (await events.until_finished(1))[0].outcome == "caller_left"
+
+
+async def test_streaming_handler_under_deadline(rig: Rig) -> None:
+    """A server-streaming handler runs under the deadline and is cut off by it."""
+    call = rig.plain.unary_stream(f"/{SERVICE}/Ticks")
+    items = [item async for item in call(b"3", timeout=2)]
+    assert [item.split(b":")[0] for item in items] == [b"0", b"1", b"2"]
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        _ = [item async for item in call(b"100", timeout=0.3)]
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_client_forwards_remaining_time(rig: Rig) -> None:
+    """Inside a deadline, calls through the client interceptors carry what is left."""
+    async with deadlines.scope(0.6):
+        seen = await remaining_of(rig.smart_call("Remaining"))
+        assert 0.4 < seen["time_remaining"] <= 0.6
+        own = await remaining_of(rig.smart_call("Remaining"), timeout=0.3)
+        assert 0.2 < own["time_remaining"] <= 0.3
+    plain = await remaining_of(rig.plain_call("Remaining"))
+    assert plain["time_remaining"] is None  # grpcio forwards nothing by itself
+
+
+async def test_client_streams_forward_remaining(rig: Rig) -> None:
+    """A streaming call through the interceptors carries the deadline too."""
+    call = rig.smart.unary_stream(f"/{SERVICE}/Ticks")
+    async with deadlines.scope(0.9):
+        items = [item async for item in call(b"2")]
+    left = float(items[0].split(b":")[1])
+    assert 0.5 < left <= 0.85
+
+
+async def test_client_fails_fast_below_min_useful(rig: Rig) -> None:
+    """Below the dependency's min_useful nothing is sent: BudgetExhausted."""
+    async with deadlines.scope(0.05):
+        with pytest.raises(deadlines.BudgetExhausted):
+            await rig.smart_call("Slow")(b"never")
+    assert rig.service.calls.get("Slow") is None
+
+
+async def test_client_maps_deadline_exceeded(rig: Rig) -> None:
+    """DEADLINE_EXCEEDED becomes DeadlineExceeded or TotalTimeout, by the binding limit."""
+    async with deadlines.scope(5):
+        with pytest.raises(deadlines.DeadlineExceeded) as deadline:
+            await rig.smart_call("Short")(b"a")  # the server's own 0.3 s maximum fires
+        assert isinstance(deadline.value.__cause__, grpc.aio.AioRpcError)
+        with pytest.raises(deadlines.TotalTimeout) as own:
+            await rig.smart_call("Slow")(b"b", timeout=0.2)  # the call's own timeout
+        assert own.value.limit == pytest.approx(0.2)
+
+
+async def test_http_handler_calls_grpc_with_same_budget(rig: Rig) -> None:
+    """An HTTP handler's gRPC call carries the HTTP request's remaining budget."""
+
+    async def handler(request: Request) -> JSONResponse:
+        answer = json.loads(await rig.smart_call("Remaining")(b""))
+        return JSONResponse({"http": deadlines.remaining(), "grpc": answer})
+
+    app = Starlette(
+        routes=[Route("/call", handler)],
+        middleware=[Middleware(DeadlineMiddleware, default=1.0, maximum=5.0)],
+    )
+    async with uvicorn_in_loop(app) as url, httpx.AsyncClient() as client:
+        response = await client.get(f"{url}/call", headers={wire.HEADER: "900"}, timeout=5)
+    seen = response.json()
+    assert 0.6 < seen["grpc"]["time_remaining"] <= 0.85
+    assert seen["grpc"]["remaining"] < seen["grpc"]["time_remaining"]
+    assert seen["http"] < seen["grpc"]["time_remaining"]
+
+
+async def test_grpc_handler_calls_http_with_same_budget(rig: Rig) -> None:
+    """A gRPC handler's HTTP call carries the RPC's remaining budget in the header."""
+
+    async def remaining(request: Request) -> JSONResponse:
+        return JSONResponse(
+            {"header": request.headers.get(wire.HEADER), "remaining": deadlines.remaining()}
+        )
+
+    app = Starlette(
+        routes=[Route("/remaining", remaining)],
+        middleware=[Middleware(DeadlineMiddleware, default=3.0, maximum=5.0)],
+    )
+    async with uvicorn_in_loop(app) as url:
+        rig.service.http_url = url
+        seen = json.loads(await rig.plain_call("ViaHttp")(b"", timeout=0.9))
+    assert 650 < int(seen["header"]) <= 850
+    assert 0.6 < seen["remaining"] <= 0.8
+
+
+def test_options_validated() -> None:
+    """Bad options fail at construction."""
+    with pytest.raises(ValueError, match="default"):
+        DeadlineInterceptor(default=3, maximum=2)
+    with pytest.raises(TypeError, match="Dependency"):
+        client_interceptors(dependency="pricing")  # type: ignore[arg-type]
+    assert len(deadlines.grpc.client_interceptors()) == 4
