@@ -205,3 +205,28 @@ def test_worker_options_are_validated(kwargs: dict[str, Any], message: str) -> N
     """A worker's own limits must be positive and finite: there is no unbounded job."""
     with pytest.raises(ValueError, match=message):
         jobs.scope({}, **kwargs)
+
+
+def test_core_modules_need_only_the_standard_library() -> None:
+    """`deadlines.jobs` and `deadlines.streams` import nothing outside the standard library."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; before = set(sys.modules); import deadlines.jobs, deadlines.streams; "
+        "new = set(sys.modules) - before; std = sys.stdlib_module_names; "
+        "print(sorted(m for m in new if m.split('.')[0] not in std | {'deadlines'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_celery_integration_says_what_to_install() -> None:
+    """Without Celery, importing `deadlines.celery` names the extra to install."""
+    import subprocess
+    import sys
+
+    code = "import sys; sys.modules['celery'] = None; import deadlines.celery"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "install `deadlines[celery]`" in out.stderr
