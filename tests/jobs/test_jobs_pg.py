@@ -192,6 +192,32 @@ async def test_two_workers_share_the_table_with_skip_locked(conn: Any, table: Jo
     assert [row["status"] for row in statuses] == ["done"]
 
 
+async def test_a_locked_job_is_skipped_not_waited_for(conn: Any, table: JobTable) -> None:
+    """While worker A holds job 1, worker B claims job 2 at once (A waits for B's proof)."""
+    await table.enqueue(conn, {"n": 1})
+    second_id = await table.enqueue(conn, {"n": 2})
+    a_started, b_ran = asyncio.Event(), asyncio.Event()
+
+    async def handler_a(job: Job) -> None:
+        a_started.set()
+        await b_ran.wait()  # never returns if B is blocked on A's row lock
+
+    async def handler_b(job: Job) -> None:
+        assert job.id == second_id
+        b_ran.set()
+
+    a_conn, b_conn = await connect(), await connect()
+    try:
+        a = asyncio.create_task(table.work(a_conn, handler_a, default=5, max_jobs=1))
+        await asyncio.wait_for(a_started.wait(), timeout=5)
+        b = await asyncio.wait_for(table.work(b_conn, handler_b, default=5, max_jobs=1), 5)
+        assert b == Worked(done=1)
+        assert await asyncio.wait_for(a, timeout=5) == Worked(done=1)
+    finally:
+        await a_conn.close()
+        await b_conn.close()
+
+
 async def test_worker_polls_until_cancelled(conn: Any, table: JobTable) -> None:
     """A polling worker picks up a job enqueued later, and stops cleanly when cancelled."""
     got: list[int] = []
