@@ -83,7 +83,7 @@ async def call(
             return await fn()
         async with _scope.scope(limit):
             result = await fn()
-        return result
+        return result  # noqa: RET504 - mypy reads scope.__aexit__ as able to suppress
     except Exception as exc:
         if not _falls_back(exc, on, request):
             raise
