@@ -111,3 +111,15 @@ def test_string_annotations_and_optional_types() -> None:
             b.post("u")
     """
     assert _codes(source) == [(5, "DLN101"), (6, "DLN101")]
+
+
+def test_trio_and_anyio_scopes_are_plain_with_blocks() -> None:
+    """`with anyio.fail_after(...)` in async code bounds an awaited call."""
+    source = """
+        import anyio, httpx
+        async def f(client: httpx.AsyncClient) -> None:
+            with anyio.fail_after(1):
+                await client.get("u", timeout=None)
+            await client.get("u", timeout=None)
+    """
+    assert _codes(source) == [(6, "DLN101")]

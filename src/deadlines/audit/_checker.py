@@ -59,6 +59,10 @@ _CANCELLING_SCOPES = {
     "trio.fail_at",
     "trio.move_on_at",
 }
+#: trio's and anyio's scopes are plain `with` blocks, and cancel the awaits inside.
+_SYNC_CANCELLING_SCOPES = {
+    name for name in _CANCELLING_SCOPES if name.startswith(("anyio.", "trio."))
+}
 _THREAD_WORK = {"asyncio.to_thread", "anyio.to_thread.run_sync", "trio.to_thread.run_sync"}
 _GUARDS = {"deadlines.check", "deadlines.remaining", "time.monotonic", "time.perf_counter"}
 
@@ -159,13 +163,8 @@ class Checker:
         if not awaited:
             return False
         for ancestor in self.names.ancestors(call):
-            if isinstance(ancestor, ast.AsyncWith):
-                for item in ancestor.items:
-                    expr = item.context_expr
-                    if isinstance(expr, ast.Call) and self.names.qualname(expr.func) in (
-                        _CANCELLING_SCOPES
-                    ):
-                        return True
+            if isinstance(ancestor, ast.AsyncWith | ast.With) and self._cancelling(ancestor):
+                return True
             if isinstance(ancestor, ast.Call) and self.names.qualname(ancestor.func) in (
                 "asyncio.wait_for",
             ):
@@ -474,15 +473,17 @@ class Checker:
             return "a thread cannot be cancelled"
         return None
 
-    def _scope_around_thread(self, node: ast.AsyncWith | ast.With) -> None:
-        if not isinstance(node, ast.AsyncWith):
-            return
-        scoped = any(
+    def _cancelling(self, node: ast.AsyncWith | ast.With) -> bool:
+        """Whether the block is a cancel scope: its awaits are cancelled at the limit."""
+        names = _CANCELLING_SCOPES if isinstance(node, ast.AsyncWith) else _SYNC_CANCELLING_SCOPES
+        return any(
             isinstance(item.context_expr, ast.Call)
-            and self.names.qualname(item.context_expr.func) in _CANCELLING_SCOPES
+            and self.names.qualname(item.context_expr.func) in names
             for item in node.items
         )
-        if not scoped:
+
+    def _scope_around_thread(self, node: ast.AsyncWith | ast.With) -> None:
+        if not self._cancelling(node):
             return
         for statement in node.body:
             for sub in ast.walk(statement):

@@ -11,7 +11,9 @@ from ._planner import CallPlan, Finding, GroupPlan, Plan
 from ._rules import connect_timeout
 
 
-def _percent(value: float, bound: bool) -> str:
+def _percent(value: float, bound: bool, count: int | None = None) -> str:
+    if value == 0 and not bound and count:
+        return f"< {1 / count:.2%}"  # none of the samples: say how fine the sample is
     text = f"{value:.2%}" if value < 0.1 else f"{value:.0%}"
     return ("≤ " if bound else "") + text
 
@@ -68,7 +70,7 @@ def table(result: Plan) -> str:
                 fmt(row.timeout),
                 fmt(row.connect),
                 f"{row.attempts} (fit {row.attempts_fit})",
-                _percent(row.cut, row.cut_is_bound),
+                _percent(row.cut, row.cut_is_bound, latency.count),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

@@ -24,7 +24,7 @@ async def to_thread_in_scope(work: Callable[[], int]) -> int:
 
 async def anyio_thread_in_scope(work: Callable[[], int]) -> int:
     with anyio.fail_after(1):
-        return await anyio.to_thread.run_sync(work)  # sync `with`: anyio's own scope, not flagged
+        return await anyio.to_thread.run_sync(work)  # expect: DLN105
 
 
 async def coroutine_is_cancelled(coro: Coroutine[Any, Any, int]) -> int:
