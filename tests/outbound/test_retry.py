@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ import deadlines.aiohttp as daiohttp
 import deadlines.httpx as dhttpx
 from deadlines import ConnectTimeout, DeadlineExceeded, Dependency, HeadersTimeout, Retry, retry
 from deadlines.lab.servers import HealthyServer, SilentServer, TLSNeverServer
+from deadlines.testing import FakeClock
 
 pytestmark = pytest.mark.realtime
 
@@ -50,18 +52,28 @@ def test_deadline_errors_are_never_retried() -> None:
     assert retry.request_sent(ValueError()) is None
 
 
-def test_run_sync_stops_when_the_next_attempt_would_not_fit() -> None:
-    """With 0.3 s left and 0.2 s expected per attempt plus backoff, no retry outlives it."""
+def test_run_async_stops_when_the_next_attempt_would_not_fit() -> None:
+    """Exactly: a retry only while time left > expected + backoff; sleeps end in time."""
     policy = Retry(attempts=10, backoff=0.05, jitter=False, expected=0.2)
+    clock = FakeClock()
     calls: list[float] = []
 
-    def attempt() -> None:
-        calls.append(time.monotonic())
-        raise ConnectTimeout(limit=0.1, elapsed=0.1)
+    async def attempt() -> None:
+        calls.append(clock.now())
+        await asyncio.sleep(0.01)  # the attempt's own time
+        raise ConnectTimeout(limit=0.01, elapsed=0.01)
 
-    with deadlines.scope(0.3), pytest.raises(ConnectTimeout):
-        retry.run_sync(attempt, policy=policy, method="POST")
-    assert len(calls) == 2  # 0.3 > 0.25 before the 1st retry; then 0.25 < 0.3: stop
+    async def main() -> None:
+        async with deadlines.scope(0.4):
+            await retry.run_async(attempt, policy=policy, method="POST")
+
+    with pytest.raises(ConnectTimeout):
+        clock.run(main())
+    start = calls[0]
+    # Fails at 0.01 with 0.39 left > 0.2 + 0.05: sleep 0.05. Fails at 0.07 with 0.33 left
+    # > 0.2 + 0.1: sleep 0.1. Fails at 0.18 with 0.22 left < 0.2 + 0.2: gives up there.
+    assert [round(t - start, 3) for t in calls] == [0.0, 0.06, 0.17]
+    assert clock.now() - start == pytest.approx(0.18)
 
 
 def test_run_sync_retries_a_result_then_returns_the_last() -> None:
@@ -225,7 +237,7 @@ def test_tenacity_options_stop_at_the_deadline() -> None:
         for attempt in tenacity.Retrying(**retry.tenacity_options(policy, method="POST")):
             with attempt:
                 charge()
-    assert time.monotonic() - start <= 0.4
+    assert time.monotonic() - start <= 0.4 + 0.1
     assert 2 <= len(calls) < 50
 
 
@@ -261,7 +273,7 @@ def test_stamina_context_stops_at_the_deadline() -> None:
             with attempt:
                 calls += 1
                 raise ConnectTimeout(limit=0.1, elapsed=0.1)
-    assert time.monotonic() - start <= 0.4 + 0.05
+    assert time.monotonic() - start <= 0.4 + 0.1
     assert 2 <= calls < 50
 
 
