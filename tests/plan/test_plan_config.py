@@ -130,3 +130,16 @@ def test_sample_file_errors_name_the_sample_file(tmp_path: Path) -> None:
     missing.write_text(plan.read_text().replace("s.csv", "nope.csv"))
     with pytest.raises(PlanError, match="cannot read"):
         load(missing)
+
+
+def test_quoted_p99_9_key_and_its_line() -> None:
+    """`"p99.9"` is accepted as a quoted key, and an error in it names its line."""
+    text = MINIMAL.replace('p999 = "310ms"', '"p99.9" = "310ms"')
+    assert parse(text, file="p.toml").body.items[0].latency.p999 == pytest.approx(0.31)
+    multiline = MINIMAL.replace(
+        'latency = { p50 = "40ms", p99 = "180ms", p999 = "310ms" }',
+        '[route.calls.latency]\np50 = "40ms"\np99 = "180ms"\n"p99.9" = "soon"',
+    )
+    error = _error(multiline)
+    assert error.where == "route.calls[0].latency.p99.9"
+    assert error.line == 10

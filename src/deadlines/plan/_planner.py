@@ -232,7 +232,8 @@ def _call(
         )
     has_config = call.timeout is not None or call.attempts is not None
     used_timeout = call.timeout if call.timeout is not None else timeout
-    used_attempts = call.attempts if call.attempts is not None else attempts
+    # Retries not stated are not assumed: the configured view counts one attempt.
+    used_attempts = call.attempts if call.attempts is not None else (1 if has_config else attempts)
     return _rules.worst_case(used_timeout, used_attempts, retry), has_config
 
 
