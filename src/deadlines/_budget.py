@@ -29,7 +29,8 @@ from ._errors import (
 from .wire import format_ms
 
 Limit = Literal["pool", "connect", "headers", "idle", "total"]
-_Source = Literal["cap", "total", "deadline"]
+#: What bounds a phase: its own cap, the call's total cap, or the request's deadline.
+Binding = Literal["cap", "total", "deadline"]
 
 _PHASE_OF: dict[Limit, Phase] = {
     "pool": "pool",
@@ -63,13 +64,15 @@ class CallBudget:
         self.dependency = dependency
         self.start = _clock.now()
         frame = _scope._frame.get()
-        self._request_end = math.inf if frame is None else frame.deadline.instant
-        self._request_budget = None if frame is None else frame.budget
-        self.budget = max(0.0, self._request_end - self.start)  # inf without a deadline
-        self.end = min(self._request_end, self.start + dependency.total)
+        #: Clock instant of the request's deadline (inf without one).
+        self.request_end = math.inf if frame is None else frame.deadline.instant
+        #: Seconds the request's deadline scope was given (None without one).
+        self.request_budget = None if frame is None else frame.budget
+        self.budget = max(0.0, self.request_end - self.start)  # inf without a deadline
+        self.end = min(self.request_end, self.start + dependency.total)
         self.pool_wait: float | None = None
         self.request_sent = False
-        self._sources: dict[Limit, _Source] = {}
+        self._sources: dict[Limit, Binding] = {}
         self._finished = False
         if self.budget <= 0.0 or self.budget < dependency.min_useful:
             exc = BudgetExhausted(
@@ -105,14 +108,18 @@ class CallBudget:
             "total": math.inf,
         }[which]
         own_total = self.start + self.dependency.total
-        candidates: list[tuple[float, int, _Source]] = [
-            (self._request_end, 0, "deadline"),  # ties go to the request's deadline
+        candidates: list[tuple[float, int, Binding]] = [
+            (self.request_end, 0, "deadline"),  # ties go to the request's deadline
             (own_total, 1, "total"),
             (now + cap, 2, "cap"),
         ]
         end, _, source = min(candidates)
         self._sources[which] = source
         return max(0.0, end - now)
+
+    def binding(self, which: Limit) -> Binding:
+        """What bounded phase `which` when its limit was last computed (`limit(which)`)."""
+        return self._sources.get(which, "cap")
 
     def header_ms(self) -> str:
         """The remaining time to send onward (``x-request-timeout-ms``): until the call's end."""
@@ -123,11 +130,11 @@ class CallBudget:
         phase = _PHASE_OF[which]
         sent = (phase not in ("pool", "connect")) if request_sent is None else request_sent
         elapsed = _clock.now() - self.start
-        source = self._sources.get(which, "cap")
+        source = self.binding(which)
         name = self.dependency.name
         if source == "deadline":
             return DeadlineExceeded(
-                limit=self._request_budget,
+                limit=self.request_budget,
                 elapsed=elapsed,
                 phase=phase,
                 dependency=name,

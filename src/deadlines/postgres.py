@@ -159,7 +159,7 @@ def plan(
     """
     reserve_s = _validate.seconds(reserve, "reserve")
     statement = budget.limit("headers")
-    statement_source: _Source = budget._sources["headers"]
+    statement_source: _Source = budget.binding("headers")
     statement_ms = _ms(statement - reserve_s, budget, reserve_s)
     lock_cap = None if lock_timeout is None else _validate.seconds(lock_timeout, "lock_timeout")
     lock_ms, lock_source = statement_ms, statement_source
@@ -231,7 +231,7 @@ def translate(exc: BaseException, limits: Limits) -> TimeoutError | None:
     if state == LOCK_NOT_AVAILABLE and "lock timeout" in text:
         return _fired(limits, limits.lock_source, "lock")
     if state == TRANSACTION_TIMEOUT:
-        source: _Source = "deadline" if budget.end >= budget._request_end else "total"
+        source: _Source = "deadline" if budget.end >= budget.request_end else "total"
         return _fired(limits, source, "transaction")
     if state == IDLE_IN_TRANSACTION_TIMEOUT:
         return IdleInTransactionTimeout(
@@ -271,7 +271,7 @@ def budget_error(
     budget: CallBudget, source: Literal["deadline", "total"] = "deadline"
 ) -> TimeoutError:
     """The error for the whole budget running out after the statement was sent."""
-    if source == "total" and budget.end < budget._request_end:
+    if source == "total" and budget.end < budget.request_end:
         return TotalTimeout(
             limit=budget.dependency.total,
             elapsed=_clock.now() - budget.start,
@@ -281,7 +281,7 @@ def budget_error(
             pool_wait=budget.pool_wait,
         )
     return DeadlineExceeded(
-        limit=budget._request_budget,
+        limit=budget.request_budget,
         elapsed=_clock.now() - budget.start,
         phase="headers",
         dependency=budget.dependency.name,
@@ -323,7 +323,7 @@ async def acquire_within(
     the background instead of staying marked in use.
     """
     limit = budget.limit("pool")
-    if budget._sources["pool"] == "deadline":
+    if budget.binding("pool") == "deadline":
         limit = max(0.0, limit - reserve)
     started = _clock.now()
 

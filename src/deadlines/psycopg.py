@@ -89,7 +89,7 @@ def _plan(
 
 def _pool_limit(budget: CallBudget, reserve: float) -> float:
     limit = budget.limit("pool")
-    return max(0.0, limit - reserve) if budget._sources["pool"] == "deadline" else limit
+    return max(0.0, limit - reserve) if budget.binding("pool") == "deadline" else limit
 
 
 # Async
