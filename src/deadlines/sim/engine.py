@@ -22,13 +22,14 @@ purpose, seeded from the run's seed, so a run is reproducible to the event.
 
 from __future__ import annotations
 
+import gc
 import math
 import random
 import time
 from collections import deque
 from collections.abc import Callable
 
-from .loop import Loop, Timer
+from .loop import Lane, Loop, Timer
 from .model import (
     Calls,
     CallSpec,
@@ -163,6 +164,8 @@ class Service:
     """A service's servers, its load balancer and its per-route statistics."""
 
     __slots__ = (
+        "call_lanes",
+        "deadline_lane",
         "in_flight",
         "lb",
         "open",
@@ -183,6 +186,9 @@ class Service:
         self.routes: dict[str, Route] = spec.routes
         self.in_flight = InFlight()  # handlers running or queued, orphans included
         self.open = InFlight()  # requests whose caller is still connected
+        # Limits with one delay per source fire in time order: they wait in lanes.
+        self.deadline_lane = Lane()
+        self.call_lanes = {name: (Lane(), Lane()) for name in spec.calls}  # total, pool
         self.lb = _Balancer(self.servers, _stream(seed, "lb", spec.name))
         self.pick: Callable[[], Server] = getattr(self.lb, spec.lb)
         # One random stream per step: variants of a scenario then see the same draws.
@@ -251,8 +257,9 @@ class _Balancer:
         n = len(servers)
         if n == 1:
             return self._healthy(servers[0])
-        first = self._rng.randrange(n)
-        second = self._rng.randrange(n - 1)
+        draw = self._rng.random
+        first = int(draw() * n)
+        second = int(draw() * (n - 1))
         if second >= first:
             second += 1
         a, b = servers[first], servers[second]
@@ -318,7 +325,9 @@ class Request:
                     budget = policy.max
                 self.deadline = now + budget - policy.reserve
                 if policy.enforce:
-                    self.deadline_timer = sim.loop.at(self.deadline, Request.expire, self)
+                    self.deadline_timer = sim.loop.at_in(
+                        service.deadline_lane, self.deadline, Request.expire, self
+                    )
         self.trace = sim.trace_record(service.spec.name, now, budget) if traced else None
 
     # Admission and the steps.
@@ -438,6 +447,7 @@ class Request:
         self.state = _DONE
         loop.cancel(self.deadline_timer)
         loop.cancel(self.work_timer)
+        self.deadline_timer = self.work_timer = None
         if self.calls:
             for call in self.calls:
                 if call.active:
@@ -481,6 +491,7 @@ class Call:
         "cause",
         "child",
         "holding",
+        "lanes",
         "owner",
         "phase_timer",
         "pool",
@@ -499,6 +510,7 @@ class Call:
         self.spec = spec
         self.stats = sim.call_stats[owner.service.spec.name][spec.name]
         self.stats.requests += 1
+        self.lanes = owner.service.call_lanes[spec.name]
         self.active = True
         self.attempts = 0
         self.asked_at = 0.0
@@ -528,7 +540,8 @@ class Call:
         self.attempts += 1
         self.stats.attempts += 1
         if self.spec.timeout is not None:
-            self.timer = loop.after(self.spec.timeout, Call.on_timeout, self)
+            when = now + self.spec.timeout
+            self.timer = loop.at_in(self.lanes[0], when, Call.on_timeout, self)
         pool = self.pool
         if pool is None:
             self.connect()
@@ -539,7 +552,8 @@ class Call:
         else:
             self.asked_at = now
             if self.pool_wait is not None:
-                self.phase_timer = loop.after(self.pool_wait, Call.on_pool_timeout, self)
+                when = now + self.pool_wait
+                self.phase_timer = loop.at_in(self.lanes[1], when, Call.on_pool_timeout, self)
 
     def granted(self) -> None:
         """The pool handed this waiting call a connection."""
@@ -674,10 +688,11 @@ class Call:
 class Client:
     """One request from outside: sends, then waits up to the load's timeout."""
 
-    __slots__ = ("child", "done", "load", "sent", "sim", "stats", "timer")
+    __slots__ = ("child", "done", "lane", "load", "sent", "sim", "stats", "timer")
 
-    def __init__(self, sim: Simulation, load: LoadSpec, stats: LoadStats) -> None:
+    def __init__(self, sim: Simulation, load: LoadSpec, stats: LoadStats, lane: Lane) -> None:
         self.sim = sim
+        self.lane = lane
         self.load = load
         self.stats = stats
         self.sent = sim.loop.now
@@ -690,7 +705,8 @@ class Client:
         sim = self.sim
         load = self.load
         if load.timeout is not None:
-            self.timer = sim.loop.after(load.timeout, Client.give_up, self)
+            when = sim.loop.now + load.timeout
+            self.timer = sim.loop.at_in(self.lane, when, Client.give_up, self)
         server = sim.services[load.service].pick()
         if server.down:
             sim.loop.at(sim.loop.now, Client.refused, self)
@@ -703,7 +719,9 @@ class Client:
         if self.done:
             return
         self.done = True
+        self.child = None
         self.sim.loop.cancel(self.timer)
+        self.timer = None
         now = self.sim.loop.now
         self.stats.record(now, now - self.sent, cause)
 
@@ -720,6 +738,7 @@ class Client:
         if self.done:
             return
         self.done = True
+        self.timer = None
         now = self.sim.loop.now
         self.stats.record(now, now - self.sent, "client_timeout")
         child, self.child = self.child, None
@@ -766,7 +785,15 @@ class Simulation:
             _LoadRunner(self, load, first=index == 0).schedule()
         loop.at(0.0, Simulation._sample, self)
         started = time.perf_counter()
-        loop.run(self.end)
+        # Finished requests are freed by reference counting (no cycles are left behind),
+        # so the cyclic collector would only rescan millions of live objects: pause it.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            loop.run(self.end)
+        finally:
+            if collecting:
+                gc.enable()
         self.wall_s = time.perf_counter() - started
         return self
 
@@ -833,7 +860,7 @@ def _apply_fault(arg: tuple[Simulation, Fault, bool]) -> None:
 class _LoadRunner:
     """Sends one load's requests: evenly spaced or Poisson, until its end or count."""
 
-    __slots__ = ("count", "first", "load", "next_at", "rng", "sim", "stats")
+    __slots__ = ("count", "first", "lane", "load", "next_at", "rng", "sim", "stats")
 
     def __init__(self, sim: Simulation, load: LoadSpec, *, first: bool) -> None:
         self.sim = sim
@@ -841,6 +868,7 @@ class _LoadRunner:
         self.stats = sim.load_stats[load.name]
         self.rng = _stream(sim.seed, "load", load.name)
         self.first = first
+        self.lane = Lane()  # the clients' timeouts
         self.count = 0
         self.next_at = load.start
 
@@ -859,7 +887,7 @@ class _LoadRunner:
         traced = self.first and self.count == 0
         self.count += 1
         self.stats.requests += 1
-        Client(self.sim, load, self.stats).send(traced)
+        Client(self.sim, load, self.stats, self.lane).send(traced)
         if load.arrival == "poisson":
             self.next_at += self.rng.expovariate(load.rate)
         else:
