@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from itertools import pairwise
@@ -40,8 +41,8 @@ from types import TracebackType
 from typing import Final
 
 from opentelemetry import metrics, trace
-from opentelemetry.metrics import CallbackOptions, MeterProvider, Observation
-from opentelemetry.trace import Span, Status, StatusCode, TracerProvider
+from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
+from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from . import __version__, _events, _validate
@@ -76,9 +77,11 @@ _REQUEST_OUTCOMES: Final = frozenset({"ok", "deadline", "caller_left", "budget_e
 _FAILED: Final = frozenset({"timeout", "deadline", "budget_exhausted", "error"})
 _Attributes = dict[str, AttributeValue]
 
-# One installation per meter provider: two would count every call twice.
-_installed: set[int] = set()
-_installed_lock = threading.Lock()
+# The instruments of each meter provider, made once: the SDK ignores the callbacks of an
+# observable instrument created again under the same name, so a second install on the
+# same provider must reuse the first one's instruments and tallies.
+_by_provider: weakref.WeakKeyDictionary[MeterProvider, _Recorder] = weakref.WeakKeyDictionary()
+_by_provider_lock = threading.Lock()
 
 
 class _Labels:
@@ -123,96 +126,101 @@ def _outcome(event: _events.CallFinished) -> str:
     return outcome
 
 
-class Telemetry:
-    """Span attributes and OTel metrics, fed by the event stream until `uninstall`."""
+class _Tally:
+    """Counts kept here and reported at collection by an observable instrument.
 
-    def __init__(
-        self,
-        meter_provider: MeterProvider,
-        tracer_provider: TracerProvider | None,
-        *,
-        buckets: Sequence[float],
-        call_spans: bool,
-        max_label_values: int,
-    ) -> None:
-        self._provider_key = id(meter_provider)
-        meter = meter_provider.get_meter("deadlines", __version__)
-        self._tracer = trace.get_tracer("deadlines", __version__, tracer_provider)
-        self._call_spans = call_spans
-        b = list(buckets)
-        self.outbound_calls = meter.create_counter(
-            "deadlines.outbound.calls", "{call}", "Outbound calls that ended, by outcome."
-        )
-        self.outbound_timeouts = meter.create_counter(
-            "deadlines.outbound.timeouts", "{call}", "Outbound calls that timed out, by phase."
-        )
-        self.outbound_fail_fast = meter.create_counter(
-            "deadlines.outbound.fail_fast", "{call}", "Outbound calls not made: budget too low."
-        )
-        self.outbound_duration = meter.create_histogram(
-            "deadlines.outbound.duration",
-            "s",
-            "Whole outbound call, pool wait included.",
-            explicit_bucket_boundaries_advisory=b,
-        )
-        self.outbound_pool_wait = meter.create_histogram(
-            "deadlines.outbound.pool_wait",
-            "s",
-            "Time waiting for a free pooled connection.",
-            explicit_bucket_boundaries_advisory=b,
-        )
-        self.outbound_budget = meter.create_histogram(
-            "deadlines.outbound.budget",
-            "s",
-            "Request budget left when an outbound call started.",
-            explicit_bucket_boundaries_advisory=b,
-        )
-        self.inbound_requests = meter.create_counter(
-            "deadlines.inbound.requests", "{request}", "Inbound requests that ended."
-        )
-        self.inbound_caller_left = meter.create_counter(
-            "deadlines.inbound.caller_left", "{request}", "Inbound requests whose caller left."
-        )
-        self.inbound_budget = meter.create_histogram(
-            "deadlines.inbound.budget",
-            "s",
-            "Budget an inbound request arrived with.",
-            explicit_bucket_boundaries_advisory=b,
-        )
-        self.jobs_expired = meter.create_counter(
-            "deadlines.jobs.expired", "{job}", "Queued jobs dropped unrun, expired."
-        )
-        self._lock = threading.Lock()
-        self._calls_in_flight: dict[str, int] = {}
-        self._requests_in_flight: dict[str, int] = {}
-        meter.create_observable_up_down_counter(
-            "deadlines.outbound.in_flight",
-            [self._read(self._calls_in_flight, "dependency")],
-            "{call}",
-            "Outbound calls in progress.",
-        )
-        meter.create_observable_up_down_counter(
-            "deadlines.inbound.in_flight",
-            [self._read(self._requests_in_flight, "route")],
-            "{request}",
-            "Inbound requests in progress.",
-        )
-        self._dependency = _Labels(max_label_values)
-        self._route = _Labels(max_label_values)
-        self._queue = _Labels(max_label_values)
+    Counting in a dict under a lock costs a fraction of a synchronous OTel instrument's
+    ``add`` (which cleans and hashes the attributes on every call).
+    """
+
+    def __init__(self, lock: threading.Lock, *keys: str) -> None:
+        self._lock = lock
+        self._keys = keys
+        self._counts: dict[tuple[str, ...], int] = {}
         self._attrs: dict[tuple[str, ...], _Attributes] = {}
-        self._unsubscribe: Callable[[], None] | None = None
 
-    def _read(
-        self, counts: dict[str, int], key: str
-    ) -> Callable[[CallbackOptions], Iterable[Observation]]:
-        def observe(options: CallbackOptions) -> Iterable[Observation]:
-            if self._unsubscribe is None:
-                return []
-            with self._lock:
-                return [Observation(n, {key: label}) for label, n in counts.items()]
+    def add(self, values: tuple[str, ...], step: int = 1) -> None:
+        """Add `step`, never going below zero (in-flight calls begun before install)."""
+        with self._lock:
+            self._counts[values] = max(0, self._counts.get(values, 0) + step)
 
-        return observe
+    def clear(self) -> None:
+        """Forget every count (in-flight figures go stale while nobody listens)."""
+        with self._lock:
+            self._counts.clear()
+
+    def observe(self, options: CallbackOptions) -> Iterable[Observation]:
+        """The current counts, one observation per label set."""
+        with self._lock:
+            counts = list(self._counts.items())
+        return [Observation(n, self._attributes(values)) for values, n in counts]
+
+    def _attributes(self, values: tuple[str, ...]) -> _Attributes:
+        attrs = self._attrs.get(values)
+        if attrs is None:
+            attrs = self._attrs[values] = dict(zip(self._keys, values, strict=True))
+        return attrs
+
+
+class _Recorder:
+    """The deadlines instruments of one meter provider, and the observer that feeds them."""
+
+    def __init__(self, meter_provider: MeterProvider, buckets: tuple[float, ...], limit: int):
+        meter = meter_provider.get_meter("deadlines", __version__)
+        self.buckets = buckets
+        self.telemetry: Telemetry | None = None
+        self._tracer: Tracer = trace.get_tracer("deadlines", __version__)
+        self._call_spans = True
+        b = list(buckets)
+        lock = threading.Lock()
+        self.calls = _Tally(lock, "dependency", "outcome")
+        self.timeouts = _Tally(lock, "dependency", "phase")
+        self.fail_fast = _Tally(lock, "dependency")
+        self.calls_in_flight = _Tally(lock, "dependency")
+        self.requests = _Tally(lock, "route", "outcome")
+        self.caller_left = _Tally(lock, "route")
+        self.requests_in_flight = _Tally(lock, "route")
+        self.jobs_expired = _Tally(lock, "queue")
+        counters = [
+            ("deadlines.outbound.calls", self.calls, "{call}", "Outbound calls that ended."),
+            ("deadlines.outbound.timeouts", self.timeouts, "{call}", "Timeouts, by phase."),
+            ("deadlines.outbound.fail_fast", self.fail_fast, "{call}", "Calls not made."),
+            ("deadlines.inbound.requests", self.requests, "{request}", "Requests ended."),
+            ("deadlines.inbound.caller_left", self.caller_left, "{request}", "Caller left."),
+            ("deadlines.jobs.expired", self.jobs_expired, "{job}", "Expired jobs dropped."),
+        ]
+        for name, tally, unit, text in counters:
+            meter.create_observable_counter(name, [tally.observe], unit, text)
+        gauges = [
+            ("deadlines.outbound.in_flight", self.calls_in_flight, "{call}", "Calls running."),
+            ("deadlines.inbound.in_flight", self.requests_in_flight, "{request}", "Requests."),
+        ]
+        for name, tally, unit, text in gauges:
+            meter.create_observable_up_down_counter(name, [tally.observe], unit, text)
+
+        def histogram(name: str, text: str) -> Histogram:
+            return meter.create_histogram(name, "s", text, explicit_bucket_boundaries_advisory=b)
+
+        self.duration = histogram("deadlines.outbound.duration", "Whole call, pool included.")
+        self.pool_wait = histogram("deadlines.outbound.pool_wait", "Waiting for a connection.")
+        self.budget = histogram("deadlines.outbound.budget", "Budget left at a call's start.")
+        self.inbound_budget = histogram("deadlines.inbound.budget", "Budget on arrival.")
+        self._dependency = _Labels(limit)
+        self._route = _Labels(limit)
+        self._queue = _Labels(limit)
+        self._attrs: dict[tuple[str, ...], _Attributes] = {}
+
+    def attach(self, telemetry: Telemetry, tracer: Tracer, call_spans: bool) -> None:
+        """Start feeding the instruments for `telemetry`."""
+        self.telemetry = telemetry
+        self._tracer = tracer
+        self._call_spans = call_spans
+
+    def detach(self) -> None:
+        """Stop; in-flight counts restart from zero at the next install."""
+        self.telemetry = None
+        self.calls_in_flight.clear()
+        self.requests_in_flight.clear()
 
     def _a(self, *pairs: str) -> _Attributes:
         """The attribute dict for ("key", value, ...), cached: built once per label set."""
@@ -221,41 +229,12 @@ class Telemetry:
             attrs = self._attrs[pairs] = dict(zip(pairs[::2], pairs[1::2], strict=True))
         return attrs
 
-    def _start(self) -> None:
-        with _installed_lock:
-            if self._provider_key in _installed:
-                raise ValueError(
-                    "deadlines telemetry is already installed for this meter provider;"
-                    " uninstall() the first installation"
-                )
-            _installed.add(self._provider_key)
-        self._unsubscribe = _events.observe(self._observe)
-
-    def uninstall(self) -> None:
-        """Stop recording (idempotent). Instruments stay in the provider, unchanged."""
-        if self._unsubscribe is None:
-            return
-        self._unsubscribe()
-        self._unsubscribe = None
-        with _installed_lock:
-            _installed.discard(self._provider_key)
-
-    def __enter__(self) -> Telemetry:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.uninstall()
-
     # The observer: runs inline on every call, so it does little and never raises.
 
-    def _observe(self, event: _events.Event) -> None:
+    def observe(self, event: _events.Event) -> None:
+        """Record one event (an `_events.Observer`)."""
         if isinstance(event, _events.CallStarted):
-            self._move(self._calls_in_flight, self._dependency(event.dependency), 1)
+            self.calls_in_flight.add((self._dependency(event.dependency),))
         elif isinstance(event, _events.CallFinished):
             outcome = _outcome(event)
             self._call_metrics(event, outcome)
@@ -264,7 +243,7 @@ class Telemetry:
                 self._call_trace(span, event, outcome)
         elif isinstance(event, _events.RequestStarted):
             route = self._route(event.route)
-            self._move(self._requests_in_flight, route, 1)
+            self.requests_in_flight.add((route,))
             if math.isfinite(event.budget):
                 self.inbound_budget.record(event.budget, self._a("route", route))
                 span = trace.get_current_span()
@@ -273,7 +252,7 @@ class Telemetry:
         elif isinstance(event, _events.RequestFinished):
             self._request_finished(event)
         elif isinstance(event, _events.JobDropped):
-            self.jobs_expired.add(1, self._a("queue", self._queue(event.queue)))
+            self.jobs_expired.add((self._queue(event.queue),))
             span = trace.get_current_span()
             if span.is_recording():
                 span.add_event(
@@ -284,20 +263,17 @@ class Telemetry:
     def _call_metrics(self, event: _events.CallFinished, outcome: str) -> None:
         dep = self._dependency(event.dependency)
         if _started(event):
-            self._move(self._calls_in_flight, dep, -1)
-        with_outcome = self._a("dependency", dep, "outcome", outcome)
-        self.outbound_calls.add(1, with_outcome)
-        self.outbound_duration.record(event.duration, with_outcome)
-        by_dep = self._a("dependency", dep)
+            self.calls_in_flight.add((dep,), -1)
+        self.calls.add((dep, outcome))
+        self.duration.record(event.duration, self._a("dependency", dep, "outcome", outcome))
         if event.pool_wait is not None:
-            self.outbound_pool_wait.record(event.pool_wait, by_dep)
+            self.pool_wait.record(event.pool_wait, self._a("dependency", dep))
         if math.isfinite(event.budget):
-            self.outbound_budget.record(event.budget, by_dep)
+            self.budget.record(event.budget, self._a("dependency", dep))
         if outcome in ("timeout", "deadline"):
-            phase = event.phase if event.phase in _PHASES else "unknown"
-            self.outbound_timeouts.add(1, self._a("dependency", dep, "phase", phase))
+            self.timeouts.add((dep, event.phase if event.phase in _PHASES else "unknown"))
         elif outcome == "budget_exhausted":
-            self.outbound_fail_fast.add(1, by_dep)
+            self.fail_fast.add((dep,))
 
     def _call_trace(self, span: Span, event: _events.CallFinished, outcome: str) -> None:
         attrs: _Attributes = {
@@ -342,18 +318,47 @@ class Telemetry:
     def _request_finished(self, event: _events.RequestFinished) -> None:
         route = self._route(event.route)
         outcome = event.outcome if event.outcome in _REQUEST_OUTCOMES else "error"
-        self._move(self._requests_in_flight, route, -1)
-        self.inbound_requests.add(1, self._a("route", route, "outcome", outcome))
+        self.requests_in_flight.add((route,), -1)
+        self.requests.add((route, outcome))
         if outcome == "caller_left":
-            self.inbound_caller_left.add(1, self._a("route", route))
+            self.caller_left.add((route,))
         span = trace.get_current_span()
         if span.is_recording():
             span.set_attribute("deadlines.request.outcome", outcome)
 
-    def _move(self, counts: dict[str, int], label: str, step: int) -> None:
-        """Count in-flight by label, never below zero (calls that began before install)."""
-        with self._lock:
-            counts[label] = max(0, counts.get(label, 0) + step)
+
+class Telemetry:
+    """An installation of deadlines' span attributes and OTel metrics; `uninstall` stops it.
+
+    Counters and in-flight figures are counted here and reported by observable
+    instruments at each collection; durations, pool waits and budgets are histograms.
+    The instruments belong to the meter provider and stay after `uninstall`; installing
+    again on the same provider continues the same counters.
+    """
+
+    def __init__(self, recorder: _Recorder) -> None:
+        self._recorder = recorder
+        self._unsubscribe: Callable[[], None] | None = None
+
+    def uninstall(self) -> None:
+        """Stop recording (idempotent)."""
+        if self._unsubscribe is None:
+            return
+        self._unsubscribe()
+        self._unsubscribe = None
+        with _by_provider_lock:
+            self._recorder.detach()
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.uninstall()
 
 
 def install(
@@ -376,21 +381,34 @@ def install(
             metrics; further values are counted under ``"other"``.
 
     Returns the `Telemetry` handle; `uninstall()` it (or use it in a ``with``) to stop.
-    Raises `ValueError` if already installed for the same meter provider.
+    The first install on a meter provider creates its instruments, with `buckets` and
+    `max_label_values`; later installs on it continue them. Raises `ValueError` while
+    another installation on the same provider is active, or for different buckets.
     """
     if isinstance(max_label_values, bool) or not isinstance(max_label_values, int):
         raise TypeError(f"max_label_values must be an int, not {max_label_values!r}")
     if max_label_values < 1:
         raise ValueError(f"max_label_values must be >= 1, got {max_label_values}")
     provider = metrics.get_meter_provider() if meter_provider is None else meter_provider
-    telemetry = Telemetry(
-        provider,
-        tracer_provider,
-        buckets=_buckets(buckets),
-        call_spans=call_spans,
-        max_label_values=max_label_values,
-    )
-    telemetry._start()
+    bounds = _buckets(buckets)
+    tracer = trace.get_tracer("deadlines", __version__, tracer_provider)
+    with _by_provider_lock:
+        recorder = _by_provider.get(provider)
+        if recorder is None:
+            recorder = _by_provider[provider] = _Recorder(provider, bounds, max_label_values)
+        if recorder.telemetry is not None:
+            raise ValueError(
+                "deadlines telemetry is already installed for this meter provider;"
+                " uninstall() the first installation"
+            )
+        if recorder.buckets != bounds:
+            raise ValueError(
+                f"this meter provider's deadlines histograms already use buckets"
+                f" {recorder.buckets}; pass the same buckets or another provider"
+            )
+        telemetry = Telemetry(recorder)
+        recorder.attach(telemetry, tracer, call_spans)
+    telemetry._unsubscribe = _events.observe(recorder.observe)
     return telemetry
 
 

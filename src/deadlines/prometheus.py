@@ -270,18 +270,10 @@ class Metrics:
         self._route = _Labels("route", max_label_values)
         self._queue = _Labels("queue", max_label_values)
         self._lock = threading.Lock()
-        self._calls_in_flight: dict[str, int] = {}
-        self._requests_in_flight: dict[str, int] = {}
-        # Labelled children, cached: `.labels()` takes a lock and builds a tuple each time.
-        self._children: dict[tuple[object, ...], Any] = {}
+        # Labelled children per dependency and route, so an event costs one dict lookup.
+        self._outbound: dict[str, _Outbound] = {}
+        self._inbound: dict[str, _Inbound] = {}
         self._unsubscribe: Callable[[], None] | None = None
-
-    def _child(self, metric: MetricWrapperBase, *values: str) -> Any:
-        key = (id(metric), *values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*values)
-        return child
 
     def _start(self) -> None:
         try:
@@ -316,51 +308,130 @@ class Metrics:
 
     def _observe(self, event: _events.Event) -> None:
         if isinstance(event, _events.CallStarted):
-            dep = self._dependency(event.dependency)
-            self._move(self._calls_in_flight, self.outbound_in_flight, dep, 1)
+            self._dependency_children(event.dependency).move(1)
         elif isinstance(event, _events.CallFinished):
             self._call_finished(event)
         elif isinstance(event, _events.RequestStarted):
-            route = self._route(event.route)
-            self._move(self._requests_in_flight, self.inbound_in_flight, route, 1)
+            route = self._route_children(event.route)
+            route.move(1)
             if math.isfinite(event.budget):
-                self._child(self.inbound_budget, route).observe(event.budget)
+                route.budget.observe(event.budget)
         elif isinstance(event, _events.RequestFinished):
-            self._request_finished(event)
+            route = self._route_children(event.route)
+            route.move(-1)
+            outcome = event.outcome if event.outcome in _REQUEST_OUTCOMES else "error"
+            route.requests(outcome).inc()
+            if outcome == "caller_left":
+                route.caller_left.inc()
         elif isinstance(event, _events.JobDropped):
-            self._child(self.jobs_expired, self._queue(event.queue)).inc()
+            self.jobs_expired.labels(self._queue(event.queue)).inc()
 
     def _call_finished(self, event: _events.CallFinished) -> None:
-        dep = self._dependency(event.dependency)
+        dep = self._dependency_children(event.dependency)
         outcome = _outcome(event)
         if _started(event):
-            self._move(self._calls_in_flight, self.outbound_in_flight, dep, -1)
-        self._child(self.outbound_calls, dep, outcome).inc()
-        self._child(self.outbound_duration, dep, outcome).observe(event.duration)
+            dep.move(-1)
+        calls, duration = dep.by_outcome(outcome)
+        calls.inc()
+        duration.observe(event.duration)
         if event.pool_wait is not None:
-            self._child(self.outbound_pool_wait, dep).observe(event.pool_wait)
+            dep.pool_wait.observe(event.pool_wait)
         if math.isfinite(event.budget):
-            self._child(self.outbound_budget, dep).observe(event.budget)
+            dep.budget.observe(event.budget)
         if outcome in ("timeout", "deadline"):
-            phase = event.phase if event.phase in _PHASES else "unknown"
-            self._child(self.outbound_timeouts, dep, phase).inc()
+            dep.timeouts(event.phase if event.phase in _PHASES else "unknown").inc()
         elif outcome == "budget_exhausted":
-            self._child(self.outbound_fail_fast, dep).inc()
+            dep.fail_fast.inc()
 
-    def _request_finished(self, event: _events.RequestFinished) -> None:
-        route = self._route(event.route)
-        outcome = event.outcome if event.outcome in _REQUEST_OUTCOMES else "error"
-        self._move(self._requests_in_flight, self.inbound_in_flight, route, -1)
-        self._child(self.inbound_requests, route, outcome).inc()
-        if outcome == "caller_left":
-            self._child(self.inbound_caller_left, route).inc()
+    def _dependency_children(self, raw: str) -> _Outbound:
+        found = self._outbound.get(raw)
+        if found is None:
+            label = self._dependency(raw)  # only admitted values and "other" are cached
+            found = self._outbound.get(label)
+            if found is None:
+                found = self._outbound[label] = _Outbound(self, label)
+        return found
 
-    def _move(self, counts: dict[str, int], gauge: Gauge, label: str, step: int) -> None:
-        """Count in-flight by label, never below zero (calls that began before install)."""
+    def _route_children(self, raw: str) -> _Inbound:
+        found = self._inbound.get(raw)
+        if found is None:
+            label = self._route(raw)
+            found = self._inbound.get(label)
+            if found is None:
+                found = self._inbound[label] = _Inbound(self, label)
+        return found
+
+
+class _Outbound:
+    """One dependency's labelled children and in-flight count."""
+
+    def __init__(self, metrics: Metrics, label: str) -> None:
+        self._metrics = metrics
+        self._label = label
+        self._lock = metrics._lock
+        self._in_flight = 0
+        self._gauge = metrics.outbound_in_flight.labels(label)
+        self.pool_wait = metrics.outbound_pool_wait.labels(label)
+        self.budget = metrics.outbound_budget.labels(label)
+        self.fail_fast = metrics.outbound_fail_fast.labels(label)
+        self._by_outcome: dict[str, tuple[Any, Any]] = {}
+        self._timeouts: dict[str, Any] = {}
+
+    def move(self, step: int) -> None:
+        """Count a call in or out, never below zero (calls that began before install)."""
         with self._lock:
-            value = max(0, counts.get(label, 0) + step)
-            counts[label] = value
-            self._child(gauge, label).set(value)
+            self._in_flight = max(0, self._in_flight + step)
+            self._gauge.set(self._in_flight)
+
+    def by_outcome(self, outcome: str) -> tuple[Any, Any]:
+        """The calls counter and duration histogram children for `outcome`."""
+        found = self._by_outcome.get(outcome)
+        if found is None:
+            m = self._metrics
+            found = (
+                m.outbound_calls.labels(self._label, outcome),
+                m.outbound_duration.labels(self._label, outcome),
+            )
+            self._by_outcome[outcome] = found
+        return found
+
+    def timeouts(self, phase: str) -> Any:
+        """The timeouts counter child for `phase`."""
+        found = self._timeouts.get(phase)
+        if found is None:
+            found = self._timeouts[phase] = self._metrics.outbound_timeouts.labels(
+                self._label, phase
+            )
+        return found
+
+
+class _Inbound:
+    """One route's labelled children and in-flight count."""
+
+    def __init__(self, metrics: Metrics, label: str) -> None:
+        self._metrics = metrics
+        self._label = label
+        self._lock = metrics._lock
+        self._in_flight = 0
+        self._gauge = metrics.inbound_in_flight.labels(label)
+        self.budget = metrics.inbound_budget.labels(label)
+        self.caller_left = metrics.inbound_caller_left.labels(label)
+        self._requests: dict[str, Any] = {}
+
+    def move(self, step: int) -> None:
+        """Count a request in or out, never below zero."""
+        with self._lock:
+            self._in_flight = max(0, self._in_flight + step)
+            self._gauge.set(self._in_flight)
+
+    def requests(self, outcome: str) -> Any:
+        """The requests counter child for `outcome`."""
+        found = self._requests.get(outcome)
+        if found is None:
+            found = self._requests[outcome] = self._metrics.inbound_requests.labels(
+                self._label, outcome
+            )
+        return found
 
 
 def install(

@@ -20,6 +20,7 @@ import deadlines
 from deadlines import (
     BudgetExhausted,
     CallFinished,
+    CallStarted,
     Dependency,
     HeadersTimeout,
     JobDropped,
@@ -223,27 +224,37 @@ def test_call_events_instead_of_spans() -> None:
 
 
 def test_one_installation_per_meter_provider() -> None:
-    """A second install on the same meter provider is refused; after uninstall, quiet."""
+    """One active install per meter provider; installing again continues its counters."""
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
+
+    def value(name: str, **attributes: str) -> Any:
+        data = reader.get_metrics_data()
+        assert data is not None
+        for rm in data.resource_metrics:
+            for sm in rm.scope_metrics:
+                for m in sm.metrics:
+                    for p in m.data.data_points if m.name == name else ():
+                        if dict(p.attributes) == attributes:
+                            return p.value
+        return None
+
     first = otel.install(meters)
+    emit(JobDropped("q", 1.0))
     with pytest.raises(ValueError, match="already installed"):
         otel.install(meters)
+    emit(CallStarted("db", 1.0))
     first.uninstall()
+    emit(JobDropped("q", 1.0))  # nobody installed: not counted
+    with pytest.raises(ValueError, match="already use buckets"):
+        otel.install(meters, buckets=[1.0, 2.0])
     with otel.install(meters):
         emit(JobDropped("q", 1.0))
+        emit(CallStarted("api", 1.0))
+        assert value("deadlines.outbound.in_flight", dependency="api") == 1
+        assert value("deadlines.outbound.in_flight", dependency="db") is None  # forgotten
     emit(JobDropped("q", 1.0))
-    data = reader.get_metrics_data()
-    assert data is not None
-    (point,) = [
-        p
-        for rm in data.resource_metrics
-        for sm in rm.scope_metrics
-        for m in sm.metrics
-        if m.name == "deadlines.jobs.expired"
-        for p in m.data.data_points
-    ]
-    assert point.value == 1
+    assert value("deadlines.jobs.expired", queue="q") == 2
     meters.shutdown()
     with pytest.raises(ValueError, match="strictly increasing"):
         otel.install(MeterProvider(), buckets=[2, 1])

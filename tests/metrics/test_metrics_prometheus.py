@@ -298,21 +298,11 @@ def test_custom_buckets_and_validation() -> None:
     with prometheus.install(reg, buckets=[0.5, timedelta(seconds=2)]):
         emit(CallFinished("d", "ok", 1.0, float("inf"), pool_wait=0.0))
         s = scrape(reg)
-    assert (
-        value(
-            s, "deadlines_outbound_duration_seconds_bucket", dependency="d", outcome="ok", le="2.0"
-        )
-        == 1
-    )
-    assert (
-        value(
-            s, "deadlines_outbound_duration_seconds_bucket", dependency="d", outcome="ok", le="0.5"
-        )
-        == 0
-    )
-    assert (
-        value(s, "deadlines_outbound_budget_seconds_count", dependency="d") is None
-    )  # no deadline
+    ok = {"dependency": "d", "outcome": "ok"}
+    assert value(s, "deadlines_outbound_duration_seconds_bucket", **ok, le="2.0") == 1
+    assert value(s, "deadlines_outbound_duration_seconds_bucket", **ok, le="0.5") == 0
+    # No deadline, no budget to record: the series exists (at zero) from the first call.
+    assert value(s, "deadlines_outbound_budget_seconds_count", dependency="d") == 0
     with pytest.raises(ValueError, match="strictly increasing"):
         prometheus.install(CollectorRegistry(), buckets=[1, 1])
     with pytest.raises(ValueError, match="must not be empty"):
@@ -321,3 +311,19 @@ def test_custom_buckets_and_validation() -> None:
         prometheus.install(CollectorRegistry(), buckets=[1, float("inf")])
     with pytest.raises(ValueError, match=">= 1"):
         prometheus.install(CollectorRegistry(), max_label_values=0)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_scope_cutting_a_call_counts_as_deadline_on_both_backends(
+    registry: CollectorRegistry, anyio_backend: str
+) -> None:
+    """A call cancelled by its scope's deadline is a deadline, under asyncio and trio."""
+    import anyio
+
+    with pytest.raises(DeadlineExceeded):
+        async with deadlines.scope(0.05):
+            with deadlines.CallBudget(Dependency("slow")):
+                await anyio.sleep(5)
+    s = scrape(registry)
+    assert value(s, "deadlines_outbound_calls_total", dependency="slow", outcome="deadline") == 1
+    assert value(s, "deadlines_outbound_in_flight", dependency="slow") == 0

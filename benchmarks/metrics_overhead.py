@@ -1,0 +1,218 @@
+"""Metrics on vs off: what the exporters add to each outbound call, side by side in one run.
+
+    python benchmarks/metrics_overhead.py [--quick] [--json PATH]
+
+A = the call with nobody subscribed to the event stream; B = the same call with
+exporters installed (`deadlines.prometheus`, `deadlines.otel` with the SDK, and
+`deadlines.logs`). A and B alternate in one run (benchmarks/harness.py), so machine noise
+hits both. Two kinds of call:
+
+* the event path alone: ``with CallBudget(dep): pass`` under a deadline, the cheapest
+  possible call, so the ratio is the worst case and the difference is the exporters'
+  absolute cost per call in microseconds;
+* a real `deadlines.httpx` GET to a keep-alive server on loopback (when that module is
+  present), where the goal is a ratio of at most 1.05.
+
+Samples are mean microseconds of CPU time per call (the whole process: client, server
+thread and exporters) over a batch of calls. CPU time, not wall time, because the
+exporters' cost is CPU work and because CPU time barely moves when other processes load
+the machine, where wall time swings by a factor of three.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from harness import Comparison, Summary, alternate, table
+
+import deadlines
+from deadlines import CallBudget, Dependency
+
+DEP = Dependency("bench", total=10)
+
+
+@contextlib.contextmanager
+def _prometheus() -> Iterator[None]:
+    from prometheus_client import CollectorRegistry
+
+    from deadlines import prometheus
+
+    with prometheus.install(CollectorRegistry()):
+        yield
+
+
+@contextlib.contextmanager
+def _otel(*, traced: bool = False) -> Iterator[None]:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from deadlines import otel
+
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    tracers = TracerProvider()
+    spans = InMemorySpanExporter()
+    tracers.add_span_processor(BatchSpanProcessor(spans))  # as in production
+    try:
+        with otel.install(meters, tracers):
+            if traced:
+                with tracers.get_tracer("bench").start_as_current_span("hop"):
+                    yield
+            else:
+                yield
+    finally:
+        spans.clear()
+        meters.shutdown()
+        tracers.shutdown()
+
+
+@contextlib.contextmanager
+def _logs() -> Iterator[None]:
+    from deadlines import logs
+
+    with logs.install():
+        yield
+
+
+@contextlib.contextmanager
+def _all() -> Iterator[None]:
+    with _prometheus(), _otel(), _logs():
+        yield
+
+
+@contextlib.contextmanager
+def _off() -> Iterator[None]:
+    yield
+
+
+Setup = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+def _event_batch(setup: Setup, calls: int) -> float:
+    """Mean µs per `with CallBudget(dep): pass` under a deadline, exporters from `setup`."""
+    with setup(), deadlines.scope(3600):
+        start = time.process_time()
+        for _ in range(calls):
+            with CallBudget(DEP):
+                pass
+        return (time.process_time() - start) / calls * 1e6
+
+
+def event_path(name: str, setup: Setup, *, rounds: int, batches: int, calls: int) -> Comparison:
+    """The event path alone: nobody listening (A) vs `setup`'s exporters (B)."""
+    _event_batch(setup, calls)  # warm up imports and caches
+
+    def run(which: Setup) -> Callable[[], list[float]]:
+        return lambda: [_event_batch(which, calls) for _ in range(batches)]
+
+    a, b = alternate(rounds, run(_off), run(setup))
+    return Comparison(
+        name=f"event path: {name}",
+        metric="CPU µs per call",
+        a_label="CallBudget, no exporter",
+        b_label=f"CallBudget + {name}",
+        a=Summary.of(a),
+        b=Summary.of(b),
+        goal="report (B - A µs)",
+    )
+
+
+def httpx_calls(
+    name: str, setup: Setup, *, rounds: int, batches: int, calls: int
+) -> Comparison | None:
+    """Real deadlines.httpx GETs on loopback: no exporter (A) vs `setup`'s (B)."""
+    try:
+        import deadlines.httpx as dhttpx
+        from deadlines.lab.servers import HealthyServer
+    except ImportError as exc:
+        print(f"[bench] skipping httpx calls: {exc}", file=sys.stderr)
+        return None
+
+    async def main() -> tuple[list[float], list[float]]:
+        with HealthyServer() as server:
+            async with dhttpx.AsyncClient(DEP, base_url=server.url) as client:
+
+                async def batch(which: Setup) -> float:
+                    with which(), deadlines.scope(3600):
+                        start = time.process_time()
+                        for _ in range(calls):
+                            (await client.get("/")).raise_for_status()
+                        return (time.process_time() - start) / calls * 1e6
+
+                await batch(setup)  # warm up: connections, imports, caches
+                a: list[float] = []
+                b: list[float] = []
+                for i in range(rounds):
+                    order = [(_off, a), (setup, b)] if i % 2 == 0 else [(setup, b), (_off, a)]
+                    for which, into in order:
+                        into += [await batch(which) for _ in range(batches)]
+                return a, b
+
+    a, b = asyncio.run(main())
+    return Comparison(
+        name=f"httpx GET on loopback: {name}",
+        metric="CPU µs per call",
+        a_label="deadlines.httpx, no exporter",
+        b_label=f"deadlines.httpx + {name}",
+        a=Summary.of(a),
+        b=Summary.of(b),
+        goal="ratio <= 1.05",
+    )
+
+
+def run(quick: bool) -> list[Comparison]:
+    """Every comparison; `quick` makes it a smoke test of a few seconds."""
+    rounds, batches, calls = (2, 2, 200) if quick else (10, 4, 1000)
+    rows = [
+        event_path("prometheus", _prometheus, rounds=rounds, batches=batches, calls=calls),
+        event_path("otel", _otel, rounds=rounds, batches=batches, calls=calls),
+        event_path(
+            "otel, in a span",
+            lambda: _otel(traced=True),
+            rounds=rounds,
+            batches=batches,
+            calls=calls,
+        ),
+        event_path("logs", _logs, rounds=rounds, batches=batches, calls=calls),
+        event_path("all three", _all, rounds=rounds, batches=batches, calls=calls),
+    ]
+    # Many small batches: the median shrugs off the load spikes of a shared machine.
+    http_rounds, http_batches, http_calls = (2, 2, 20) if quick else (16, 4, 50)
+    for name, setup in [("prometheus", _prometheus), ("otel", _otel), ("all three", _all)]:
+        row = httpx_calls(name, setup, rounds=http_rounds, batches=http_batches, calls=http_calls)
+        if row is None:
+            break
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run, print the table and the added microseconds per call."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few repetitions (smoke test)")
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    args = parser.parse_args(argv)
+    rows = run(args.quick)
+    print(table(rows))
+    print()
+    for r in rows:
+        print(f"{r.name:<34} adds {r.b.p50 - r.a.p50:7.2f} CPU µs per call (ratio {r.ratio:.3f})")
+    if args.json:
+        payload = {"quick": args.quick, "rows": [r.to_json() for r in rows]}
+        args.json.write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
