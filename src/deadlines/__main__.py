@@ -20,6 +20,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "audit": ("deadlines.audit.cli", "Find unbounded waits in Python code (static check)."),
     "sim": ("deadlines.sim.cli", "Simulate a scenario (TOML): cascades, chains, slow servers."),
     "pg-audit": ("deadlines.postgres", "Report Postgres settings that run with no time limit."),
+    "lab": ("deadlines.lab.cli", "Reproduce the chapter's measured failures with real processes."),
 }
 
 

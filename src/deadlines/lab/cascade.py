@@ -99,6 +99,8 @@ async def _drive(p: Params, api: str, downstream: str) -> tuple[LoadRun, list[li
             return None, type(exc).__name__
 
     try:
+        async with control.get(api + "/_downstream", params={"url": downstream}) as resp:
+            resp.raise_for_status()
         rates = {"home": p.home_rate, "checkout": p.checkout_rate}
         sampler = asyncio.create_task(_sample(control, api + "/_stats", p.sample_every, p.duration))
         run = await run_open_loop(
@@ -107,6 +109,7 @@ async def _drive(p: Params, api: str, downstream: str) -> tuple[LoadRun, list[li
             fire,
             drain=p.checkout_timeout + 1.0,
             wait_for=("checkout",),
+            keep_until=p.duration + 0.25,  # the last in-flight sample is taken first
         )
         series = await sampler
         async with control.get(downstream + "/_stats") as resp:
@@ -138,15 +141,17 @@ def _summarise(run: LoadRun, series: list[list[float]], open_max: int) -> dict[s
 def run_variant(p: Params, variant: str) -> dict[str, Any]:
     """Start a fresh downstream and API for `variant`, load them, return its figures."""
     with Processes() as procs:
-        down = procs.start("cascade_downstream", "--price-ms", str(p.price_ms))
-        api = procs.start(
-            "cascade_api",
-            "--downstream", down.url,
-            "--variant", variant,
-            "--pool-size", str(p.pool_size),
-            "--recs-timeout", str(p.recs_timeout),
-            "--home-deadline", str(p.home_deadline),
-            "--checkout-deadline", str(p.checkout_timeout),
+        down, api = procs.start_all(
+            [
+                ("cascade_downstream", ["--price-ms", str(p.price_ms)]),
+                ("cascade_api", [
+                    "--variant", variant,
+                    "--pool-size", str(p.pool_size),
+                    "--recs-timeout", str(p.recs_timeout),
+                    "--home-deadline", str(p.home_deadline),
+                    "--checkout-deadline", str(p.checkout_timeout),
+                ]),
+            ]
         )  # fmt: skip
         run, series, open_max = asyncio.run(_drive(p, api.url, down.url))
     return _summarise(run, series, open_max)
@@ -225,10 +230,12 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     """In-flight /home requests over time, one line per variant."""
     plt = report.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    for name, v in result["variants"].items():
+    styles = ["-", "--", "-.", ":"]
+    for n, (name, v) in enumerate(result["variants"].items()):
         xs = [pt[0] for pt in v["home_in_flight_series"]]
         ys = [pt[1] for pt in v["home_in_flight_series"]]
-        ax.plot(xs, ys, marker=".", label=_LABELS.get(name, name))
+        style = styles[n % len(styles)]
+        ax.plot(xs, ys, linestyle=style, marker=".", label=_LABELS.get(name, name))
     ax.set_xlabel("seconds since recommendations stopped answering")
     ax.set_ylabel("/home requests in flight")
     ax.set_title("cascade: waiting piles up unless something bounds it")

@@ -120,6 +120,10 @@ def build_app(opts: Options, calls: Calls, middlewares: list[Any]) -> web.Applic
     async def checkout(request: web.Request) -> web.Response:
         return web.json_response({"price": await calls.price(), "ordered": True})
 
+    async def set_downstream(request: web.Request) -> web.Response:
+        opts.downstream = request.query["url"]  # started beside the downstream, linked after
+        return web.json_response({"downstream": opts.downstream})
+
     async def stats(request: web.Request) -> web.Response:
         return web.json_response(
             {
@@ -134,6 +138,7 @@ def build_app(opts: Options, calls: Calls, middlewares: list[Any]) -> web.Applic
     app.router.add_get("/home", home)
     app.router.add_get("/checkout", checkout)
     app.router.add_get("/_stats", stats)
+    app.router.add_get("/_downstream", set_downstream)
     return app
 
 
@@ -148,7 +153,7 @@ def _calls_and_middlewares(opts: Options) -> tuple[Calls, list[Any]]:
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM; print ``READY {"port": N}`` when listening."""
     parser = argparse.ArgumentParser(prog="python -m deadlines.lab.cascade_api")
-    parser.add_argument("--downstream", required=True)
+    parser.add_argument("--downstream", default="", help="or set later: GET /_downstream?url=")
     parser.add_argument("--variant", choices=VARIANTS, required=True)
     parser.add_argument("--pool-size", type=int, default=20)
     parser.add_argument("--recs-timeout", type=float, default=0.3)

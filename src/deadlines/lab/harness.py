@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import IO, Any
@@ -55,23 +55,8 @@ class Child:
 
     def lines(self, until: float) -> Iterator[str]:
         """Further lines from the child's stdout until it closes or `until` (monotonic)."""
-        proc = self.process
-        assert proc.stdout is not None
-        with selectors.DefaultSelector() as sel:
-            sel.register(proc.stdout, selectors.EVENT_READ)
-            while True:
-                while b"\n" in self._buffer:
-                    line, self._buffer = self._buffer.split(b"\n", 1)
-                    yield line.decode(errors="replace")
-                left = until - time.monotonic()
-                if left <= 0 or not sel.select(left):
-                    if time.monotonic() >= until:
-                        return
-                    continue
-                chunk = os.read(proc.stdout.fileno(), 65536)
-                if not chunk:
-                    return
-                self._buffer += chunk
+        for _, line in read_lines([self], until):
+            yield line
 
     def stderr_text(self) -> str:
         """What the child wrote on stderr so far (for error messages)."""
@@ -93,6 +78,29 @@ class Child:
         self._stderr.close()
 
 
+def read_lines(children: Sequence[Child], until: float) -> Iterator[tuple[Child, str]]:
+    """Lines from several children's stdout as they come, until all close or `until`."""
+    with selectors.DefaultSelector() as sel:
+        for child in children:
+            assert child.process.stdout is not None
+            sel.register(child.process.stdout, selectors.EVENT_READ, child)
+        while True:
+            for child in children:
+                while b"\n" in child._buffer:
+                    line, child._buffer = child._buffer.split(b"\n", 1)
+                    yield child, line.decode(errors="replace")
+            left = until - time.monotonic()
+            if left <= 0 or not sel.get_map():
+                return
+            for key, _ in sel.select(left):
+                owner: Child = key.data
+                chunk = os.read(key.fd, 65536)
+                if chunk:
+                    owner._buffer += chunk
+                else:
+                    sel.unregister(key.fileobj)
+
+
 class Processes:
     """Starts lab apps as child processes and guarantees they are all stopped.
 
@@ -108,6 +116,16 @@ class Processes:
 
     def start(self, app: str, *args: str) -> Child:
         """Start ``python -m deadlines.lab.<app> ARGS`` and wait until it listens."""
+        return self.start_all([(app, list(args))])[0]
+
+    def start_all(self, specs: Sequence[tuple[str, Sequence[str]]]) -> list[Child]:
+        """Start several apps at once (their imports overlap), then wait for each."""
+        children = [self._spawn(app, args) for app, args in specs]
+        for child in children:
+            child.info = self._wait_ready(child)
+        return children
+
+    def _spawn(self, app: str, args: Sequence[str]) -> Child:
         stderr = tempfile.TemporaryFile()  # noqa: SIM115 - the Child owns and closes it
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         proc = subprocess.Popen(
@@ -120,7 +138,6 @@ class Processes:
         )
         child = Child(app, proc, {}, stderr)
         self.children.append(child)
-        child.info = self._wait_ready(child)
         return child
 
     def _wait_ready(self, child: Child) -> dict[str, Any]:

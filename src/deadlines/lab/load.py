@@ -105,12 +105,14 @@ async def run_open_loop(
     *,
     drain: float,
     wait_for: Collection[str] | None = None,
+    keep_until: float = 0.0,
     on_tick: Callable[[float], None] | None = None,
 ) -> LoadRun:
     """Start `fire(kind, index)` on schedule for `duration` s; wait `drain` s for stragglers.
 
-    The drain waits only for the streams in `wait_for` (all by default). Requests still
-    unanswered after it are cancelled and keep ``ended=None``. Time zero is the first
+    The drain waits only for the streams in `wait_for` (all by default), and at least
+    until `keep_until` s after the start. Requests still unanswered after it are
+    cancelled (their connections closed) and keep ``ended=None``. Time zero is the first
     planned start; `on_tick(t)` is called as starts go out.
     """
     run = LoadRun(dict(rates), duration)
@@ -141,6 +143,9 @@ async def run_open_loop(
     ]
     if pending:
         await asyncio.wait(pending, timeout=drain)
+    hold = t0 + keep_until - loop.time()
+    if hold > 0:
+        await asyncio.sleep(hold)
     for task in tasks:
         task.cancel()
     for task in tasks:

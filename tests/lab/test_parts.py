@@ -1,0 +1,196 @@
+"""The lab's parts: process harness, open-loop load, the small HTTP server, balancer, report."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from deadlines.lab import report
+from deadlines.lab._http import HttpServer, Request, Response
+from deadlines.lab.harness import AppFailed, Processes
+from deadlines.lab.load import percentile, run_open_loop, schedule
+from deadlines.lab.slow_server import Balancer
+
+from .helpers import TOKEN_VAR, processes_with, run_lab
+
+
+def test_processes_are_stopped_even_when_the_block_fails() -> None:
+    """An error inside `with Processes()` still terminates and reaps every child."""
+    procs = Processes()
+    with pytest.raises(RuntimeError, match="boom"), procs:
+        child = procs.start("cascade_downstream")
+        assert child.port > 0 and child.process.poll() is None
+        raise RuntimeError("boom")
+    assert child.process.poll() is not None
+    assert procs.children == []
+
+
+def test_an_app_that_cannot_start_is_reported_with_its_stderr() -> None:
+    """A child that exits before announcing readiness raises AppFailed with what it said."""
+    with Processes() as procs, pytest.raises(AppFailed, match="--variant"):
+        procs.start("cascade_api")  # --variant is required
+
+
+def test_a_child_exits_when_the_lab_process_dies(tmp_path) -> None:
+    """Killing the lab outright (no cleanup) still ends its servers: they watch their parent."""
+    script = (
+        "import sys, time\n"
+        "from deadlines.lab.harness import Processes\n"
+        "p = Processes()\n"
+        "c = p.start('cascade_downstream')\n"
+        "print(c.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(5)
+    parent.stdout.close()
+    end = time.monotonic() + 5
+    while time.monotonic() < end:
+        try:
+            with open(f"/proc/{child_pid}/stat") as fh:
+                if fh.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"child {child_pid} outlived its parent")
+
+
+@pytest.mark.anyio
+async def test_open_loop_holds_the_requested_rate() -> None:
+    """Starts leave on schedule whatever the handler does: achieved rate within 2 %."""
+
+    async def fire(kind: str, index: int) -> tuple[int | None, str | None]:
+        await asyncio.sleep(0.05 if kind == "a" else 0.2)  # slow answers do not slow the load
+        return 200, None
+
+    run = await run_open_loop({"a": 100.0, "b": 20.0}, 1.0, fire, drain=1.0)
+    assert len(run.of("a")) == 100 and len(run.of("b")) == 20
+    for kind, rate in (("a", 100.0), ("b", 20.0)):
+        assert abs(run.achieved_rate(kind) - rate) / rate <= 0.02
+    assert all(s.ok for s in run.shots)
+    assert run.rate_report()["a"]["sent"] == 100
+
+
+@pytest.mark.anyio
+async def test_open_loop_cancels_what_is_still_waiting_after_the_drain() -> None:
+    """Requests unanswered after the drain are cancelled and keep no end time."""
+
+    async def fire(kind: str, index: int) -> tuple[int | None, str | None]:
+        await asyncio.sleep(10 if kind == "hang" else 0)
+        return 200, None
+
+    start = time.monotonic()
+    run = await run_open_loop({"hang": 10.0, "ok": 10.0}, 0.5, fire, drain=5.0, wait_for=("ok",))
+    assert time.monotonic() - start < 3.0
+    assert all(s.ended is None for s in run.of("hang"))
+    assert all(s.ok for s in run.of("ok"))
+
+
+def test_schedule_and_percentile() -> None:
+    """Evenly spaced starts per stream; nearest-rank percentiles."""
+    plan = schedule({"x": 4.0}, 1.0)
+    assert [t for t, _, _ in plan] == [0.0, 0.25, 0.5, 0.75]
+    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
+    assert percentile(list(range(1, 101)), 99) == 99
+    assert percentile([], 99) is None
+    with pytest.raises(ValueError, match="rate"):
+        schedule({"x": -1.0}, 1.0)
+
+
+@pytest.mark.anyio
+async def test_http_server_counts_connections_and_cancels_on_close() -> None:
+    """The lab's server counts open connections and cancels a handler whose client left."""
+    cancelled = asyncio.Event()
+
+    async def handle(request: Request) -> Response:
+        if request.path == "/hang":
+            try:
+                await asyncio.Event().wait()
+            finally:
+                cancelled.set()
+        return Response.json({"path": request.path})
+
+    server = HttpServer(handle)
+    port = await server.start()
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /ok HTTP/1.1\r\nhost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200")
+        writer.write(b"GET /hang HTTP/1.1\r\nhost: x\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        assert server.counters.open == 1 and server.counters.in_progress == 1
+        writer.close()
+        await asyncio.wait_for(cancelled.wait(), 2.0)
+        await asyncio.sleep(0.05)
+        assert server.counters.open == 0 and server.counters.max_open == 1
+    finally:
+        await server.close()
+
+
+def test_least_outstanding_routes_around_a_busy_backend() -> None:
+    """Round robin rotates blindly; least outstanding picks the emptiest backend."""
+    rr = Balancer(["a", "b", "c"], "round_robin")
+    assert [rr.pick() for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+    lo = Balancer(["a", "b", "c"], "least_outstanding+deadlines")
+    lo.outstanding = [0, 9, 0]
+    assert {lo.pick() for _ in range(10)} == {0, 2}
+
+
+def test_table_renders_text_and_markdown() -> None:
+    """Tables align in text and escape pipes in Markdown."""
+    table = report.Table("t", ["a", "bb"], [["1", "x|y"]], note="n")
+    assert table.text().splitlines()[1].startswith("a  bb")
+    assert "x\\|y" in table.markdown()
+    assert report.ms(2004.4) == "2,004 ms" and report.ms(None) == "-"
+
+
+def test_defaults_alone_writes_rows_json_and_png(tmp_path) -> None:
+    """`deadlines lab defaults --json --plot` writes the list of rows and a PNG."""
+    out, png = tmp_path / "d.json", tmp_path / "d.png"
+    run = run_lab(
+        ["defaults", "--quiet", "--cap", "1.5", "--limit", "0.5", "--interval", "0.2",
+         "--json", str(out), "--plot", str(png)],
+        timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert isinstance(rows, list) and len(rows) == 60
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    assert "> 1.5 s, waiting" in run.stdout
+    assert processes_with(run.token) == []
+
+
+def test_sigterm_stops_the_lab_and_every_server_it_started() -> None:
+    """SIGTERM in the middle of an experiment: exit 130 soon, no server left behind."""
+    import os
+    import uuid
+
+    token = uuid.uuid4().hex
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deadlines", "lab", "cascade", "--quick", "--quiet"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, **{TOKEN_VAR: token}),
+        text=True,
+    )
+    end = time.monotonic() + 30
+    while len(processes_with(token)) < 3 and time.monotonic() < end:  # lab + 2 servers
+        time.sleep(0.1)
+    assert len(processes_with(token)) >= 3
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=15)
+    assert proc.returncode == 130, err[-2000:]
+    assert processes_with(token) == []
