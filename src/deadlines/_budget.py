@@ -32,6 +32,8 @@ Limit = Literal["pool", "connect", "headers", "idle", "total"]
 #: What bounds a phase: its own cap, the call's total cap, or the request's deadline.
 Binding = Literal["cap", "total", "deadline"]
 
+_CUT_TOLERANCE = 0.002  # seconds
+
 _PHASE_OF: dict[Limit, Phase] = {
     "pool": "pool",
     "connect": "connect",
@@ -72,6 +74,9 @@ class CallBudget:
         self.end = min(self.request_end, self.start + dependency.total)
         self.pool_wait: float | None = None
         self.request_sent = False
+        #: The phase in progress: the one whose limit was computed last.
+        self.phase: Phase | None = None
+        self._frame = frame
         self._sources: dict[Limit, Binding] = {}
         self._finished = False
         if self.budget <= 0.0 or self.budget < dependency.min_useful:
@@ -115,6 +120,8 @@ class CallBudget:
         ]
         end, _, source = min(candidates)
         self._sources[which] = source
+        if which != "total":
+            self.phase = _PHASE_OF[which]
         return max(0.0, end - now)
 
     def binding(self, which: Limit) -> Binding:
@@ -186,6 +193,8 @@ class CallBudget:
         if self._finished:
             return
         self._finished = True
+        if error is not None and _is_cancellation(error):
+            self._note_cut()
         if not _events.active():
             return
         outcome: _events.CallOutcome
@@ -199,7 +208,7 @@ class CallBudget:
             outcome, phase, limit = "deadline", error.phase, error.limit
         elif isinstance(error, CallTimeout):
             outcome, phase, limit = "timeout", error.phase, error.limit
-        elif isinstance(error, asyncio.CancelledError | GeneratorExit):
+        elif _is_cancellation(error):
             outcome = "cancelled"
         else:
             outcome = "error"
@@ -216,3 +225,19 @@ class CallBudget:
                 error=error,
             )
         )
+
+    def _note_cut(self) -> None:
+        """Tell the request's scope where this call was if its deadline cancelled it."""
+        frame = self._frame
+        # The loop's timer and our clock may disagree by a hair about the instant.
+        if frame is None or frame.deadline.remaining() > _CUT_TOLERANCE:
+            return
+        sent = self.request_sent or self.phase in ("headers", "body")
+        frame.cut.append(_scope.Cut(self.dependency.name, self.phase, sent, self.pool_wait))
+
+
+def _is_cancellation(error: BaseException) -> bool:
+    """asyncio's CancelledError, trio's Cancelled, or a generator closed mid-call."""
+    if isinstance(error, asyncio.CancelledError | GeneratorExit):
+        return True
+    return type(error).__name__ == "Cancelled" and type(error).__module__.startswith("trio")

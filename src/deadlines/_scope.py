@@ -13,14 +13,14 @@ import contextvars
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
 from . import _clock, _validate
 from ._deadline import Deadline
-from ._errors import DeadlineExceeded
+from ._errors import DeadlineExceeded, Phase
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -33,6 +33,19 @@ class _Frame:
     deadline: Deadline
     budget: float  # seconds the binding scope was given when it was entered
     started: float  # clock reading when it was entered
+    # The outbound call this deadline cut short, noted by `CallBudget.finish`, so the
+    # scope's `DeadlineExceeded` can say which dependency and phase it interrupted.
+    cut: list[Cut] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """Where a call was when the deadline's cancellation reached it."""
+
+    dependency: str
+    phase: Phase | None
+    request_sent: bool
+    pool_wait: float | None
 
 
 _frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
@@ -77,7 +90,18 @@ def carry(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 def _exceeded(frame: _Frame) -> DeadlineExceeded:
-    return DeadlineExceeded(limit=frame.budget, elapsed=_clock.now() - frame.started)
+    elapsed = _clock.now() - frame.started
+    if not frame.cut:
+        return DeadlineExceeded(limit=frame.budget, elapsed=elapsed)
+    cut = frame.cut[-1]
+    return DeadlineExceeded(
+        limit=frame.budget,
+        elapsed=elapsed,
+        phase=cut.phase,
+        dependency=cut.dependency,
+        request_sent=cut.request_sent,
+        pool_wait=cut.pool_wait,
+    )
 
 
 class scope:

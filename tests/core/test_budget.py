@@ -138,3 +138,36 @@ def test_observer_errors_are_isolated(clock: FakeClock, monkeypatch: pytest.Monk
     finally:
         unsubscribe()
     assert len(reported) == 2
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_scope_expiry_names_the_call_it_cut() -> None:
+    """When the request's scope cancels a call, its DeadlineExceeded names the call's phase."""
+    import anyio
+
+    with pytest.raises(DeadlineExceeded) as info:
+        async with deadlines.scope(0.05):
+            with CallBudget(Dependency("pricing")) as budget:
+                budget.limit("headers")
+                budget.request_sent = True
+                await anyio.sleep(10)
+    err = info.value
+    assert err.dependency == "pricing"
+    assert err.phase == "headers"
+    assert err.request_sent is True
+    assert "pricing: deadline exceeded during headers" in str(err)
+
+
+@pytest.mark.anyio
+async def test_foreign_cancellation_leaves_no_note() -> None:
+    """A call cancelled by something other than the deadline does not label a later expiry."""
+    import anyio
+
+    with pytest.raises(DeadlineExceeded) as info:
+        async with deadlines.scope(0.2):
+            with anyio.move_on_after(0.01), CallBudget(Dependency("recs")):
+                await anyio.sleep(10)
+            await anyio.sleep(10)
+    assert info.value.dependency is None
+    assert info.value.phase is None
