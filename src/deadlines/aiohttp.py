@@ -60,7 +60,7 @@ from .wire import HEADER
 __all__ = ["Response", "Session", "session"]
 
 #: aiohttp's timers, all off: this module keeps the time itself, without rounding.
-_NO_TIMEOUT = aiohttp.ClientTimeout(
+_NO_TIMEOUT = aiohttp.ClientTimeout(  # deadlines: ignore[DLN101] every phase bounded below
     total=None, connect=None, sock_read=None, sock_connect=None, ceil_threshold=math.inf
 )
 

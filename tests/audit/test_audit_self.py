@@ -14,8 +14,6 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "deadlines"
 #: (relative path, code) -> how many.
 KNOWN: Counter[tuple[str, str]] = Counter(
     {
-        # The integration switches aiohttp's own timers off and bounds every phase itself.
-        ("aiohttp.py", "DLN101"): 1,
         # The lab's "no timeout" variants misbehave on purpose.
         ("lab/cascade.py", "DLN101"): 1,
         ("lab/cascade_api.py", "DLN101"): 2,
