@@ -194,3 +194,31 @@ def test_sigterm_stops_the_lab_and_every_server_it_started() -> None:
     _, err = proc.communicate(timeout=15)
     assert proc.returncode == 130, err[-2000:]
     assert processes_with(token) == []
+
+
+def test_bad_flags_are_refused_with_the_flag_named() -> None:
+    """A negative rate or an unknown variant stops the lab before it starts anything."""
+    run = run_lab(["cascade", "--home-rate", "-3"], timeout=30)
+    assert run.returncode != 0 and "--home-rate must be a positive number" in run.stderr
+    run = run_lab(["slow-server", "--policies", "random"], timeout=30)
+    assert run.returncode != 0 and "--policies must name some of" in run.stderr
+    run = run_lab(["defaults", "--cap", "1", "--limit", "2"], timeout=30)
+    assert run.returncode != 0 and "must be shorter than --cap" in run.stderr
+
+
+@pytest.mark.postgres
+def test_chain_commits_into_postgres_with_dsn() -> None:
+    """With --dsn the fixed chain's commit lands in Postgres; the propagated one does not."""
+    from deadlines.lab import chain
+
+    import psycopg
+
+    dsn = "postgresql://postgres@127.0.0.1:5432/test"
+    try:
+        fixed = chain.run_variant(chain.Params(dsn=dsn), "fixed")
+        assert fixed["c_committed"] is True
+        propagated = chain.run_variant(chain.Params(dsn=dsn), "propagated")
+        assert propagated["c_committed"] is False and propagated["c_stopped_ms"] is not None
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS deadlines_lab_chain")

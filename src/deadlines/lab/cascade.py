@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from . import report
+from . import _params, report
 from .harness import Processes
 from .load import LoadRun, percentile, run_open_loop
 from .progress import Progress
@@ -45,6 +45,9 @@ class Params:
     price_ms: float = 5.0
     sample_every: float = 0.5
     variants: tuple[str, ...] = field(default=VARIANTS)
+
+    def __post_init__(self) -> None:
+        _params.check(self, known=VARIANTS)
 
 
 def quick() -> Params:

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from . import report
+from . import _params, report
 from .harness import Processes
 from .progress import Progress
 
@@ -47,6 +47,9 @@ class Params:
     reserve: float = 0.05
     dsn: str | None = None
     variants: tuple[str, ...] = field(default=VARIANTS)
+
+    def __post_init__(self) -> None:
+        _params.check(self, known=VARIANTS)
 
 
 def quick() -> Params:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import signal
 import sys
 import time
@@ -17,15 +18,22 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
-from . import cascade, chain, defaults, report, slow_server
 from .progress import Progress
 
-EXPERIMENTS: dict[str, ModuleType] = {
-    "defaults": defaults,
-    "cascade": cascade,
-    "chain": chain,
-    "slow-server": slow_server,
+#: experiment -> its module (imported when it runs: `deadlines --help` needs no extra)
+EXPERIMENTS: dict[str, str] = {
+    "defaults": "deadlines.lab.defaults",
+    "cascade": "deadlines.lab.cascade",
+    "chain": "deadlines.lab.chain",
+    "slow-server": "deadlines.lab.slow_server",
 }
+
+
+def experiment(name: str) -> ModuleType:
+    """The module of experiment `name`."""
+    return importlib.import_module(EXPERIMENTS[name])
+
+
 _SECTIONS = {
     "defaults": (
         "Part 2 — what clients do by default",
@@ -63,7 +71,8 @@ def _flag(group: Any, experiment: str, field: str, kind: Any, help_text: str) ->
     if kind is tuple:
         group.add_argument(flag, dest=dest, metavar="A,B", help=help_text)
     else:
-        group.add_argument(flag, dest=dest, type=kind, help=help_text)
+        metavar = "DSN" if kind is str else "N"
+        group.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=help_text)
     _FLAGS[dest] = (experiment, field)
 
 
@@ -118,12 +127,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def params_for(name: str, args: argparse.Namespace) -> Any:
     """The experiment's Params: quick or default, with the given flags applied."""
-    module = EXPERIMENTS[name]
+    module = experiment(name)
     base = module.quick() if args.quick else module.Params()
     changes: dict[str, Any] = {}
-    for dest, (experiment, field) in _FLAGS.items():
+    for dest, (owner, field) in _FLAGS.items():
         value = getattr(args, dest, None)
-        if experiment != name or value is None:
+        if owner != name or value is None:
             continue
         if isinstance(getattr(base, field), tuple):
             value = tuple(part.strip() for part in str(value).split(",") if part.strip())
@@ -154,7 +163,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_one(name: str, args: argparse.Namespace, progress: Progress) -> int:
-    module = EXPERIMENTS[name]
+    from . import report
+
+    module = experiment(name)
     params = params_for(name, args)
     result = module.run(params, progress)
     for table in module.tables(result):
@@ -169,8 +180,10 @@ def _run_one(name: str, args: argparse.Namespace, progress: Progress) -> int:
 
 
 def _run_all(args: argparse.Namespace, progress: Progress) -> int:
+    from . import report
+
     chosen = {name: params_for(name, args) for name in EXPERIMENTS}
-    total = sum(EXPERIMENTS[n].expected_seconds(p) for n, p in chosen.items())
+    total = sum(experiment(n).expected_seconds(p) for n, p in chosen.items())
     progress.note(f"running {', '.join(chosen)}: about {total:.0f} s")
     started = time.monotonic()
     report_path = Path(args.report)
@@ -178,7 +191,7 @@ def _run_all(args: argparse.Namespace, progress: Progress) -> int:
     results: dict[str, Any] = {}
     sections = []
     for name, params in chosen.items():
-        module = EXPERIMENTS[name]
+        module = experiment(name)
         result = module.run(params, progress)
         results[name] = result
         tables = module.tables(result)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import report
+from . import _params, report
 from .harness import Processes, read_lines
 from .progress import Progress
 
@@ -35,6 +35,11 @@ class Params:
     cap: float = 15.0
     limit: float = 2.0
     interval: float = 1.0
+
+    def __post_init__(self) -> None:
+        _params.check(self)
+        if self.limit >= self.cap:
+            raise ValueError(f"--limit ({self.limit} s) must be shorter than --cap ({self.cap} s)")
 
 
 def quick() -> Params:

@@ -23,7 +23,7 @@ import aiohttp
 
 import deadlines
 
-from . import report
+from . import _params, report
 from .harness import Processes
 from .load import LoadRun, percentile, run_open_loop
 from .progress import Progress
@@ -49,11 +49,10 @@ class Params:
     policies: tuple[str, ...] = field(default=POLICIES)
 
     def __post_init__(self) -> None:
-        for policy in self.policies:
-            if policy.removesuffix("+deadlines") not in _KNOWN:
-                raise ValueError(f"unknown policy {policy!r}; known: {', '.join(POLICIES)}")
+        known = [*_KNOWN, *(f"{k}+deadlines" for k in sorted(_KNOWN))]
+        _params.check(self, known=known, names_field="policies")
         if self.servers < 2:
-            raise ValueError("servers must be at least 2")
+            raise ValueError("--servers must be at least 2 (one of them becomes slow)")
 
 
 def quick() -> Params:
