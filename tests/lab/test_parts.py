@@ -209,9 +209,9 @@ def test_bad_flags_are_refused_with_the_flag_named() -> None:
 @pytest.mark.postgres
 def test_chain_commits_into_postgres_with_dsn() -> None:
     """With --dsn the fixed chain's commit lands in Postgres; the propagated one does not."""
-    from deadlines.lab import chain
-
     import psycopg
+
+    from deadlines.lab import chain
 
     dsn = "postgresql://postgres@127.0.0.1:5432/test"
     try:
