@@ -239,3 +239,15 @@ def test_fault_window_ends() -> None:
     v = one(services, {"to": "s/r", "rate": 10}, faults=faults)
     assert v.loads["r"].ok == 7  # t = 0.2, 0.3, 0.4 hang
     assert v.loads["r"].unfinished == 3
+
+
+def test_shed_short_drops_work_the_budget_cannot_cover() -> None:
+    """With `shed_short`, a request is dropped when less time is left than its work needs."""
+    services = {
+        "s": {"workers": 1, "deadline": {"shed_short": True}, "routes": {"r": {"work": "100ms"}}},
+    }
+    v = one(services, {"to": "s/r", "rate": 1000, "count": 3, "timeout": "250ms"})
+    server = v.services["s"].servers[0]
+    # Starts at 0, ~100 and ~200 ms; the third would have ~52 ms left for 100 ms of work.
+    assert (server.served, server.dropped, server.wasted) == (2, 1, 0)
+    assert v.services["s"].routes["r"].causes == {"shed": 1}

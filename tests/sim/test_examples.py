@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from deadlines.__main__ import main
-from deadlines.sim import load_scenario, run_scenario, slow_server_scenario
+from deadlines.sim import lab_slow_server, load_scenario, run_scenario, slow_server_scenario
+from deadlines.sim.slow_server import LAB_POLICIES
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples" / "sim").glob("*.toml"))
 
@@ -98,3 +99,53 @@ def test_slow_server_twin_figures() -> None:
     assert rr_dl.loads["clients"].failed < rr.loads["clients"].failed
     latency = data["variants"]["p2c"]["series"]["latency"]["clients"]
     assert len(latency["t_s"]) == len(latency["p99_ms"]) > 10
+
+
+LAB_SLOW_SERVER_KEYS = {
+    "latency_series",
+    "queue_series",
+    "ok",
+    "failed",
+    "p50_ms_after_slowdown",
+    "p99_ms_after_slowdown",
+    "ok_pct_after_slowdown",
+    "share_sent_to_slow_pct",
+    "queue_max",
+    "served",
+    "wasted",
+    "dropped",
+    "load",
+}
+
+
+def test_lab_slow_server_twin_has_the_labs_shape_and_story() -> None:
+    """`lab_slow_server` answers in the lab's JSON shape, and tells the chapter's story."""
+    data = lab_slow_server(run_for=5.0, policies=(*LAB_POLICIES, "p2c+deadlines"))
+    json.dumps(data, allow_nan=False)
+    assert data["slow_server"] == 1 and data["simulated"] is True
+    policies = data["policies"]
+    assert list(policies) == [*LAB_POLICIES, "p2c+deadlines"]
+    for figures in policies.values():
+        assert figures.keys() == LAB_SLOW_SERVER_KEYS
+        assert len(figures["latency_series"]) == 10  # 5 s in 0.5 s windows
+        assert len(figures["queue_series"]) == 3  # one per backend
+        assert figures["ok"] + figures["failed"] == 450
+    rr, lo = policies["round_robin"], policies["least_outstanding"]
+    rr_dl = policies["round_robin+deadlines"]
+    assert rr["share_sent_to_slow_pct"] == pytest.approx(33.3, abs=0.1)
+    assert rr["queue_max"][1] > 50 and rr["wasted"][1] > 0  # work done for nobody
+    assert rr["p99_ms_after_slowdown"] == 3000.0  # the client timeout
+    assert lo["failed"] == 0 and lo["share_sent_to_slow_pct"] < 20
+    assert rr_dl["wasted"] == [0, 0, 0] and rr_dl["dropped"][1] > 0
+    assert rr_dl["p99_ms_after_slowdown"] == 1000.0  # the deadline, not the timeout
+    with pytest.raises(ValueError, match="unknown policy"):
+        lab_slow_server(policies=("random",))
+
+
+def test_public_names_are_exported() -> None:
+    """`deadlines.sim.__all__` is sorted and names exactly what the package exports."""
+    import deadlines.sim as sim
+
+    assert sim.__all__ == sorted(sim.__all__)
+    for name in sim.__all__:
+        assert getattr(sim, name) is not None

@@ -14,6 +14,7 @@ seed, so variants differ only by those knobs.
     result.write_json("cascade.json")                      # keys match `deadlines lab`
 
     twin = run_scenario(slow_server_scenario(servers=5, duration=30), seed=7)
+    figures = lab_slow_server(servers=3, rate=90)   # the lab's slow-server JSON shape
 
 Only the standard library is needed; `Result.plot` needs matplotlib.
 """
@@ -53,7 +54,7 @@ from .scenario import (
     scenario_from_dict,
     with_overrides,
 )
-from .slow_server import slow_server_scenario
+from .slow_server import lab_slow_server, slow_server_scenario
 
 __all__ = [
     "CallSpec",
@@ -78,6 +79,7 @@ __all__ = [
     "TraceSummary",
     "VariantResult",
     "Work",
+    "lab_slow_server",
     "load_scenario",
     "parse_scenario",
     "run_scenario",

@@ -114,6 +114,7 @@ class Server:
         "blackhole",
         "busy",
         "down",
+        "dropped",
         "hung",
         "index",
         "outstanding",
@@ -122,8 +123,10 @@ class Server:
         "queue_max",
         "queued",
         "requests",
+        "served",
         "service",
         "slowdown",
+        "wasted",
     )
 
     def __init__(self, service: Service, index: int) -> None:
@@ -135,6 +138,9 @@ class Server:
         self.queue_max = 0
         self.outstanding = 0
         self.requests = 0
+        self.served = 0  # completed for a caller still waiting
+        self.wasted = 0  # completed after the caller had left
+        self.dropped = 0  # shed, or stopped by a deadline or the caller leaving
         self.slowdown = 1.0
         self.down = False
         self.blackhole = False
@@ -351,9 +357,14 @@ class Request:
                 server.queue_max = server.queued
 
     def should_shed(self, now: float) -> bool:
-        """True when this request's deadline has passed and its server sheds such work."""
+        """True when its server sheds work and this request's deadline passed (or is
+        too close for its work, with `shed_short`)."""
         policy = self.service.policy
-        return policy is not None and policy.shed and now >= self.deadline
+        if policy is None or not policy.shed:
+            return False
+        if policy.shed_short:
+            return self.deadline - now < self.route.work * self.server.slowdown
+        return now >= self.deadline
 
     def start(self) -> None:
         """Take a worker and begin the first step."""
@@ -457,6 +468,13 @@ class Request:
             self.worker = False
             server.release_worker(sim)
         server.outstanding -= 1
+        if cause is None:
+            if self.orphan:
+                server.wasted += 1
+            else:
+                server.served += 1
+        elif stopped or cause == "shed":
+            server.dropped += 1
         stats = self.stats
         stats.end(cause)
         stats.latency_sum += now - self.arrived

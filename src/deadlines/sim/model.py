@@ -78,6 +78,11 @@ class Route:
     steps: tuple[Step, ...]
     commit: bool = False
 
+    @property
+    def work(self) -> float:
+        """The mean time its own work steps take (calls not included)."""
+        return sum(step.duration.mean for step in self.steps if isinstance(step, Work))
+
 
 @dataclass(frozen=True, slots=True)
 class PoolSpec:
@@ -132,6 +137,8 @@ class DeadlinePolicy:
         honor_inbound: Use the caller's remaining time (propagation).
         enforce: Stop the handler and its calls when the deadline passes.
         shed: Drop a queued request whose deadline passed instead of starting it.
+        shed_short: Also drop one whose remaining time is shorter than the work it
+            needs (the route's mean work time times the server's slowdown).
         cancel_on_caller_left: Stop the handler when its caller stops waiting.
     """
 
@@ -141,6 +148,7 @@ class DeadlinePolicy:
     honor_inbound: bool = True
     enforce: bool = True
     shed: bool = True
+    shed_short: bool = False
     cancel_on_caller_left: bool = True
 
 

@@ -60,11 +60,16 @@ class RouteSummary:
 
 @dataclass(frozen=True)
 class ServerSummary:
-    """One server: requests it got, its longest queue, what it still held at the end."""
+    """One server: requests it got, its longest queue, what it still held at the end,
+    and how its requests ended: `served` (for a caller still waiting), `wasted`
+    (completed after the caller left), `dropped` (shed or stopped)."""
 
     requests: int
     queue_max: int
     outstanding_end: int
+    served: int
+    wasted: int
+    dropped: int
 
 
 @dataclass(frozen=True)
@@ -289,7 +294,10 @@ def _service(sim: Simulation, name: str) -> ServiceSummary:
         in_flight_max=service.in_flight.max,
         in_flight_mean=round(service.in_flight.mean(sim.end), 4),
         routes=routes,
-        servers=[ServerSummary(s.requests, s.queue_max, s.outstanding) for s in service.servers],
+        servers=[
+            ServerSummary(s.requests, s.queue_max, s.outstanding, s.served, s.wasted, s.dropped)
+            for s in service.servers
+        ],
     )
 
 

@@ -401,13 +401,16 @@ def _deadline(raw: Any, path: str, key: _Key) -> DeadlinePolicy:
     if raw is True:
         return DeadlinePolicy()
     raw = _table(raw, key(path))
-    flags = ("honor_inbound", "enforce", "shed", "cancel_on_caller_left")
+    flags = ("honor_inbound", "enforce", "shed", "shed_short", "cancel_on_caller_left")
     _only(raw, key(path), ("default", "max", "reserve", *flags))
     return DeadlinePolicy(
         default=_duration(raw.get("default", "none"), key(f"{path}.default"), allow_none=True),
         max=_duration(raw.get("max", "none"), key(f"{path}.max"), allow_none=True),
         reserve=_duration(raw.get("reserve", 0.0), key(f"{path}.reserve")) or 0.0,
-        **{flag: _bool(raw.get(flag, True), key(f"{path}.{flag}")) for flag in flags},
+        **{
+            flag: _bool(raw.get(flag, flag != "shed_short"), key(f"{path}.{flag}"))
+            for flag in flags
+        },
     )
 
 

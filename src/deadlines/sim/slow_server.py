@@ -10,12 +10,15 @@ default, written out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
+from .engine import Simulation, simulate
 from .model import POLICIES, Scenario
 from .scenario import scenario_from_dict
+from .stats import percentile
 
 
 def _s(value: float | timedelta) -> float:
@@ -102,3 +105,154 @@ def slow_server_scenario(
         "variants": variants,
     }
     return scenario_from_dict(data, source="slow_server_scenario()")
+
+
+#: The lab's policy names (`deadlines lab slow-server`): a balancer, optionally with
+#: ``+deadlines``. ``p2c`` is the simulator's addition.
+LAB_POLICIES = ("round_robin", "least_outstanding", "round_robin+deadlines")
+
+
+def lab_slow_server(
+    *,
+    servers: int = 3,
+    rate: float = 90.0,
+    run_for: float = 7.0,
+    service_ms: float = 20.0,
+    slow_factor: float = 5.0,
+    slow_at: float = 1.0,
+    request_deadline: float = 1.0,
+    client_timeout: float = 3.0,
+    window: float = 0.5,
+    sample_every: float = 0.25,
+    policies: Iterable[str] = LAB_POLICIES,
+    workers: int = 1,
+    seed: int = 1,
+) -> dict[str, Any]:
+    """The lab's slow-server experiment, simulated: same parameters, same JSON shape.
+
+    Mirrors `deadlines lab slow-server`: `servers` backends of `workers` worker(s), each
+    request taking `service_ms` (constant), evenly spaced load at `rate` for `run_for`
+    seconds; backend 1 becomes `slow_factor` times slower at `slow_at`. Without
+    deadlines a client waits `client_timeout` and backends serve work nobody waits for;
+    with ``+deadlines`` the client sends and keeps a `request_deadline` budget, and
+    backends drop work whose budget is shorter than the work or whose client left.
+
+    Returns ``{"params", "slow_server": 1, "simulated": True, "seed", "policies":
+    {POLICY: {"latency_series": [[t, p50_ms, p99_ms]], "queue_series": [[[t, n]]],
+    "ok", "failed", "p50_ms_after_slowdown", "p99_ms_after_slowdown",
+    "ok_pct_after_slowdown", "share_sent_to_slow_pct", "queue_max", "served",
+    "wasted", "dropped", "load"}}}`` where windows are by send time and queues count
+    queued plus running requests per backend.
+    """
+    policies = tuple(policies)
+    variants: dict[str, Any] = {}
+    for policy in policies:
+        balancer, _, extra = policy.partition("+")
+        if balancer not in POLICIES or extra not in ("", "deadlines"):
+            raise ValueError(f"unknown policy {policy!r}; known: {', '.join(LAB_POLICIES)}")
+        service: dict[str, Any] = {"lb": balancer}
+        load: dict[str, Any] = {"timeout": client_timeout, "send_deadline": False}
+        if extra:
+            service["deadline"] = {"shed_short": True}
+            load = {"timeout": request_deadline, "send_deadline": True}
+        variants[policy.replace("+", "_")] = {
+            "services": {"backend": service},
+            "load": [{"name": "req", "to": "backend/work", "rate": rate, **load}],
+        }
+    limit = max(client_timeout, request_deadline)
+    data: dict[str, Any] = {
+        "name": "slow-server",
+        "duration": run_for,
+        "drain": limit + 0.5,
+        "sample": sample_every,
+        "window": window,
+        "services": {
+            "backend": {
+                "servers": servers,
+                "workers": workers,
+                "routes": {"work": {"work": service_ms / 1000.0}},
+            }
+        },
+        "load": [{"name": "req", "to": "backend/work", "rate": rate}],
+        "faults": [
+            {
+                "kind": "slow",
+                "service": "backend",
+                "server": 1,
+                "at": slow_at,
+                "factor": slow_factor,
+            }
+        ],
+        "variants": variants,
+    }
+    scenario = scenario_from_dict(data, source="lab_slow_server()")
+    figures = {
+        policy: _lab_figures(simulate(scenario.variants[policy.replace("+", "_")], seed), slow_at)
+        for policy in policies
+    }
+    params = {
+        "servers": servers,
+        "rate": rate,
+        "run_for": run_for,
+        "service_ms": service_ms,
+        "slow_factor": slow_factor,
+        "slow_at": slow_at,
+        "request_deadline": request_deadline,
+        "client_timeout": client_timeout,
+        "window": window,
+        "sample_every": sample_every,
+        "policies": list(policies),
+        "workers": workers,
+    }
+    return {"params": params, "slow_server": 1, "simulated": True, "seed": seed,
+            "policies": figures}  # fmt: skip
+
+
+def _lab_figures(sim: Simulation, slow_at: float) -> dict[str, Any]:
+    """One policy's figures in the lab's shape."""
+    stats = sim.load_stats["req"]
+    model = sim.model
+    sent, latency, oks = stats.sent, stats.latencies, stats.oks
+    buckets: dict[int, list[float]] = {}
+    after: list[float] = []
+    ok_after = 0
+    for at, waited, ok in zip(sent, latency, oks, strict=True):
+        buckets.setdefault(int(at / model.window), []).append(waited)
+        if at >= slow_at:
+            after.append(waited)
+            ok_after += ok
+    series = []
+    for index in range(math.ceil(model.duration / model.window - 1e-9)):
+        window = sorted(buckets.get(index, []))
+        series.append([round(index * model.window, 3), _pct(window, 0.50), _pct(window, 0.99)])
+    after.sort()
+    servers = sim.services["backend"].servers
+    samples = [
+        (round(t, 3), sample)
+        for t, sample in zip(sim.series_t, sim.series_outstanding["backend"], strict=True)
+        if t <= model.duration + 1e-9
+    ]
+    queues = [[[t, sample[i]] for t, sample in samples] for i in range(len(servers))]
+    return {
+        "latency_series": series,
+        "queue_series": queues,
+        "ok": stats.ok,
+        "failed": stats.failed,
+        "p50_ms_after_slowdown": _pct(after, 0.50),
+        "p99_ms_after_slowdown": _pct(after, 0.99),
+        "ok_pct_after_slowdown": round(100.0 * ok_after / max(1, len(after)), 1),
+        "share_sent_to_slow_pct": round(100.0 * servers[1].requests / max(1, stats.requests), 1),
+        "queue_max": [max((n for _, n in q), default=0) for q in queues],
+        "served": [s.served for s in servers],
+        "wasted": [s.wasted for s in servers],
+        "dropped": [s.dropped for s in servers],
+        "load": {
+            "requested_rate": model.loads[0].rate,
+            "achieved_rate": round(stats.requests / model.duration, 3),
+        },
+    }
+
+
+def _pct(ordered: list[float], q: float) -> float | None:
+    value = percentile(ordered, q)
+    return None if value is None else round(value * 1000.0, 1)

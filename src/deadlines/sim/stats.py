@@ -74,20 +74,25 @@ class Outcomes:
 class LoadStats(Outcomes):
     """What the clients of one load saw: outcomes and the time each one waited."""
 
-    __slots__ = ("latencies", "window", "windows")
+    __slots__ = ("latencies", "oks", "sent", "window", "windows")
 
     def __init__(self, window: float) -> None:
         super().__init__()
         self.latencies = array("d")
+        self.sent = array("d")  # when each request in `latencies` was sent
+        self.oks = bytearray()  # and whether it succeeded (1) or not (0)
         self.window = window
-        #: window index (completion time // window) -> latencies that ended in it
+        #: window index (send time // window) -> latencies of the requests sent in it
         self.windows: dict[int, list[float]] = {}
 
     def record(self, now: float, latency: float, cause: str | None) -> None:
         """One client got an answer (or gave up) after `latency` seconds."""
         self.end(cause)
         self.latencies.append(latency)
-        index = int(now / self.window)
+        sent = now - latency
+        self.sent.append(sent)
+        self.oks.append(cause is None)
+        index = int(sent / self.window)
         bucket = self.windows.get(index)
         if bucket is None:
             self.windows[index] = [latency]
