@@ -56,6 +56,15 @@ def _outcome(event: _events.CallFinished) -> str:
     return event.outcome
 
 
+def _request_sent(event: _events.CallFinished) -> bool | None:
+    """Whether the request was sent: the error's word first, as the most specific.
+
+    An integration may track sending itself and say so only in the error it raises.
+    """
+    sent = getattr(event.error, "request_sent", None)
+    return sent if isinstance(sent, bool) else event.request_sent
+
+
 class TimeoutLog:
     """Logs each timeout to `logger` at `level` until `uninstall`."""
 
@@ -73,9 +82,10 @@ class TimeoutLog:
         what = "deadline exceeded" if outcome == "deadline" else "timeout"
         phase = event.phase or "unknown phase"
         pool = "" if event.pool_wait is None else f", pool wait {_ms(event.pool_wait)}"
-        if event.request_sent is None:
+        request_sent = _request_sent(event)
+        if request_sent is None:
             sent = "unknown whether the request was sent"
-        elif event.request_sent:
+        elif request_sent:
             sent = "request sent, outcome unknown"
         else:
             sent = "request not sent, safe to retry"
@@ -96,7 +106,7 @@ class TimeoutLog:
                 "limit": event.limit,
                 "elapsed": event.duration,
                 "pool_wait": event.pool_wait,
-                "request_sent": event.request_sent,
+                "request_sent": request_sent,
             },
         )
 

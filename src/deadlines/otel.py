@@ -126,6 +126,15 @@ def _outcome(event: _events.CallFinished) -> str:
     return outcome
 
 
+def _request_sent(event: _events.CallFinished) -> bool | None:
+    """Whether the request was sent: the error's word first, as the most specific.
+
+    An integration may track sending itself and say so only in the error it raises.
+    """
+    sent = getattr(event.error, "request_sent", None)
+    return sent if isinstance(sent, bool) else event.request_sent
+
+
 class _Tally:
     """Counts kept here and reported at collection by an observable instrument.
 
@@ -289,15 +298,16 @@ class _Recorder:
                 attrs["deadlines.phase"] = event.phase
             if event.limit is not None:
                 attrs["deadlines.limit"] = event.limit
-            if event.request_sent is not None:
-                attrs["deadlines.request_sent"] = event.request_sent
+            sent = _request_sent(event)
+            if sent is not None:
+                attrs["deadlines.request_sent"] = sent
         if outcome in ("timeout", "deadline"):
             span.set_attributes(
                 {
                     "deadlines.timeout.dependency": event.dependency,
                     "deadlines.timeout.phase": event.phase or "unknown",
                     "deadlines.timeout.pool_wait": event.pool_wait or 0.0,
-                    "deadlines.timeout.request_sent": bool(event.request_sent),
+                    "deadlines.timeout.request_sent": bool(_request_sent(event)),
                 }
             )
         if not self._call_spans:

@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from metrics_net import HttpServer, Samples, TinyClient, parse, serve_uvicorn, value
+from metrics_net import Samples, parse, serve_uvicorn, until, value
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import TracerProvider
@@ -29,6 +29,8 @@ from starlette.routing import Route
 
 from deadlines import Dependency, otel, prometheus
 from deadlines.asgi import DeadlineMiddleware
+from deadlines.httpx import AsyncClient
+from deadlines.lab.servers import SilentServer
 
 pytestmark = [pytest.mark.anyio, pytest.mark.realtime]
 
@@ -36,11 +38,12 @@ INVENTORY = Dependency("inventory", headers=5)
 ROUTE = "/orders/{id}"
 
 
-def orders_app(registry: CollectorRegistry, dependency_port: int) -> Starlette:
+def orders_app(registry: CollectorRegistry, inventory_url: str) -> Starlette:
     """An app whose order route calls the inventory dependency, and a /metrics route."""
 
     async def order(request: Request) -> Response:
-        await TinyClient(INVENTORY, dependency_port).get()
+        async with AsyncClient(INVENTORY, base_url=inventory_url) as inventory:
+            await inventory.get("/stock")
         return PlainTextResponse("ok")
 
     async def metrics(request: Request) -> Response:
@@ -94,19 +97,18 @@ async def _scrape_until(http: httpx.AsyncClient, name: str, want: float, **label
 
 async def test_hung_dependency_behind_asgi_scraped_over_http(registry: CollectorRegistry) -> None:
     """In flight rises on both sides while the dependency hangs; then 504s and deadlines."""
-    async with HttpServer(delay=None) as dependency:
-        with serve_uvicorn(orders_app(registry, dependency.port)) as port:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-                calls = [
-                    asyncio.create_task(
-                        http.get(f"/orders/{i}", headers={"x-request-timeout-ms": "800"})
-                    )
-                    for i in range(3)
-                ]
-                await dependency.wait_requests(3)
-                during = await _scrape(http)
-                responses = await asyncio.gather(*calls)
-                after = await _scrape_until(http, "deadlines_inbound_in_flight", 0, route=ROUTE)
+    with SilentServer() as dependency, serve_uvicorn(orders_app(registry, dependency.url)) as port:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            calls = [
+                asyncio.create_task(
+                    http.get(f"/orders/{i}", headers={"x-request-timeout-ms": "800"})
+                )
+                for i in range(3)
+            ]
+            await until(lambda: dependency.opened >= 3, "three calls to inventory")
+            during = await _scrape(http)
+            responses = await asyncio.gather(*calls)
+            after = await _scrape_until(http, "deadlines_inbound_in_flight", 0, route=ROUTE)
     assert [r.status_code for r in responses] == [504, 504, 504]
     assert value(during, "deadlines_inbound_in_flight", route=ROUTE) == 3
     assert value(during, "deadlines_inbound_in_flight", route="/metrics") == 1
@@ -129,16 +131,13 @@ async def test_hung_dependency_behind_asgi_scraped_over_http(registry: Collector
 
 async def test_caller_left_cancels_the_call_and_is_counted(registry: CollectorRegistry) -> None:
     """A caller hanging up shows as caller-left inbound and a cancelled call outbound."""
-    async with HttpServer(delay=None) as dependency:
-        with serve_uvicorn(orders_app(registry, dependency.port)) as port:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(
-                b"GET /orders/9 HTTP/1.1\r\nHost: shop\r\nx-request-timeout-ms: 5000\r\n\r\n"
-            )
-            await dependency.wait_requests(1)
-            writer.close()  # the caller gives up
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
-                s = await _scrape_until(http, "deadlines_inbound_caller_left_total", 1, route=ROUTE)
+    with SilentServer() as dependency, serve_uvicorn(orders_app(registry, dependency.url)) as port:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /orders/9 HTTP/1.1\r\nHost: shop\r\nx-request-timeout-ms: 5000\r\n\r\n")
+        await until(lambda: dependency.opened >= 1, "the call to inventory")
+        writer.close()  # the caller gives up
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            s = await _scrape_until(http, "deadlines_inbound_caller_left_total", 1, route=ROUTE)
     assert value(s, "deadlines_inbound_caller_left_total", route=ROUTE) == 1
     assert value(s, "deadlines_inbound_requests_total", route=ROUTE, outcome="caller_left") == 1
     assert value(s, "deadlines_inbound_in_flight", route=ROUTE) == 0
@@ -156,14 +155,13 @@ async def test_hop_span_carries_budget_outcome_and_call_span() -> None:
     tracers = TracerProvider()
     tracers.add_span_processor(SimpleSpanProcessor(spans))
     registry = CollectorRegistry()
-    with otel.install(meters, tracers):
-        async with HttpServer(delay=None) as dependency:
-            app = ServerSpans(orders_app(registry, dependency.port), tracers.get_tracer("asgi"))
-            with serve_uvicorn(app) as port:
-                async with httpx.AsyncClient(timeout=10) as http:
-                    response = await http.get(
-                        f"http://127.0.0.1:{port}/orders/1", headers={"x-request-timeout-ms": "600"}
-                    )
+    with otel.install(meters, tracers), SilentServer() as dependency:
+        app = ServerSpans(orders_app(registry, dependency.url), tracers.get_tracer("asgi"))
+        with serve_uvicorn(app) as port:
+            async with httpx.AsyncClient(timeout=10) as http:
+                response = await http.get(
+                    f"http://127.0.0.1:{port}/orders/1", headers={"x-request-timeout-ms": "600"}
+                )
     tracers.shutdown()
     assert response.status_code == 504
     (server,) = [s for s in spans.get_finished_spans() if s.name == "GET /orders/1"]

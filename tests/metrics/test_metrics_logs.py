@@ -7,7 +7,6 @@ import logging
 from collections.abc import Iterator
 
 import pytest
-from metrics_net import Blackhole, HttpServer, TinyClient
 
 import deadlines
 from deadlines import (
@@ -20,6 +19,8 @@ from deadlines import (
     logs,
 )
 from deadlines._events import emit
+from deadlines.httpx import AsyncClient
+from deadlines.lab.servers import BlackholeServer, HealthyServer, SilentServer
 
 pytestmark = pytest.mark.anyio
 
@@ -52,10 +53,9 @@ def records() -> Iterator[list[logging.LogRecord]]:
 async def test_headers_timeout_logs_one_structured_record(records: list[logging.LogRecord]) -> None:
     """A silent server: one WARNING naming dependency, phase, limit, elapsed, sent."""
     dep = Dependency("inventory", headers=0.3)
-    async with HttpServer(delay=None) as server:
-        client = TinyClient(dep, server.port)
-        with pytest.raises(HeadersTimeout):
-            await client.get()
+    with SilentServer() as server, pytest.raises(HeadersTimeout):
+        async with AsyncClient(dep, base_url=server.url) as client:
+            await client.get("/")
     (record,) = records
     assert record.name == "deadlines"
     assert record.levelno == logging.WARNING
@@ -77,18 +77,19 @@ async def test_connect_and_pool_timeouts_say_nothing_was_sent(
     records: list[logging.LogRecord],
 ) -> None:
     """Connect and pool timeouts log request_sent=False; the pool one its long wait."""
-    with Blackhole() as hole:
-        with pytest.raises(ConnectTimeout):
-            await TinyClient(Dependency("ledger", connect=0.2), hole.port).get()
-        client = TinyClient(
-            Dependency("ledger", connect=0.4, pool_size=1, pool_wait=0.15), hole.port
-        )
-        first = asyncio.create_task(client.get())
-        await asyncio.sleep(0.05)
-        with pytest.raises(PoolTimeout):
-            await client.get()
-        with pytest.raises(ConnectTimeout):
-            await first
+    alone = Dependency("ledger", connect=0.2)
+    one_slot = Dependency("ledger", connect=0.4, pool_size=1, pool_wait=0.15)
+    with BlackholeServer() as hole:
+        async with AsyncClient(alone, base_url=hole.url) as client:
+            with pytest.raises(ConnectTimeout):
+                await client.get("/")
+        async with AsyncClient(one_slot, base_url=hole.url) as client:
+            first = asyncio.create_task(client.get("/"))
+            await asyncio.sleep(0.05)  # the first call holds the only slot, connecting
+            with pytest.raises(PoolTimeout):
+                await client.get("/")
+            with pytest.raises(ConnectTimeout):
+                await first
     connect, pool, connect_again = records
     assert connect.phase == "connect" and connect.request_sent is False  # type: ignore[attr-defined]
     assert pool.phase == "pool" and pool.request_sent is False  # type: ignore[attr-defined]
@@ -100,10 +101,12 @@ async def test_connect_and_pool_timeouts_say_nothing_was_sent(
 @pytest.mark.realtime
 async def test_request_deadline_logs_as_deadline(records: list[logging.LogRecord]) -> None:
     """A call stopped by the request's deadline logs once, as a deadline."""
-    async with HttpServer(delay=None) as server:
-        with pytest.raises(DeadlineExceeded):
-            async with deadlines.scope(0.2):
-                await TinyClient(Dependency("profile"), server.port).get()
+    with SilentServer() as server, pytest.raises(DeadlineExceeded):
+        async with (
+            AsyncClient(Dependency("profile"), base_url=server.url) as client,
+            deadlines.scope(0.2),
+        ):
+            await client.get("/")
     (record,) = records
     assert record.outcome == "deadline"  # type: ignore[attr-defined]
     assert "deadline exceeded" in record.getMessage()
@@ -111,8 +114,9 @@ async def test_request_deadline_logs_as_deadline(records: list[logging.LogRecord
 
 async def test_successes_and_errors_are_not_logged(records: list[logging.LogRecord]) -> None:
     """Only timeouts log: a good call, an error or a fail-fast stays quiet."""
-    async with HttpServer(delay=0) as server:
-        await TinyClient(Dependency("fine"), server.port).get()
+    with HealthyServer() as server:
+        async with AsyncClient(Dependency("fine"), base_url=server.url) as client:
+            assert (await client.get("/")).status_code == 200
     emit(CallFinished("x", "error", 0.1, 1.0, error=ValueError("boom")))
     emit(CallFinished("x", "budget_exhausted", 0.0, 0.01))
     emit(CallFinished("x", "cancelled", 0.1, 1.0))

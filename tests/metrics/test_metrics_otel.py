@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from metrics_net import HttpServer, TinyClient
+from metrics_net import until
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -29,6 +29,8 @@ from deadlines import (
     otel,
 )
 from deadlines._events import emit
+from deadlines.httpx import AsyncClient
+from deadlines.lab.servers import HealthyServer, SilentServer, SlowServer
 
 pytestmark = pytest.mark.anyio
 
@@ -85,11 +87,10 @@ def tel() -> Iterator[OTel]:
 async def test_hung_dependency_in_flight_timeouts_and_spans(tel: OTel) -> None:
     """Hung calls show in flight, then as headers timeouts, on metrics and on spans."""
     dep = Dependency("inventory", headers=0.6)
-    async with HttpServer(delay=None) as server:
-        client = TinyClient(dep, server.port)
-        with tel.tracer.start_as_current_span("GET /checkout") as handler:
-            calls = [asyncio.create_task(client.get()) for _ in range(3)]
-            await server.wait_requests(3)
+    with SilentServer() as server, tel.tracer.start_as_current_span("GET /checkout") as handler:
+        async with AsyncClient(dep, base_url=server.url) as client:
+            calls = [asyncio.create_task(client.get("/")) for _ in range(3)]
+            await until(lambda: server.opened >= 3, "three connections")
             in_flight = tel.point("deadlines.outbound.in_flight", dependency="inventory").value
             results = await asyncio.gather(*calls, return_exceptions=True)
     assert in_flight == 3
@@ -123,10 +124,9 @@ async def test_hung_dependency_in_flight_timeouts_and_spans(tel: OTel) -> None:
 async def test_full_pool_wait_on_histogram_and_call_span(tel: OTel) -> None:
     """The call that waited for the only connection says so, apart from server time."""
     dep = Dependency("pricing", pool_size=1, headers=5)
-    async with HttpServer(delay=0.4) as server:
-        client = TinyClient(dep, server.port)
-        with tel.tracer.start_as_current_span("GET /home"):
-            await asyncio.gather(client.get(), client.get())
+    with SlowServer(delay=0.4) as server, tel.tracer.start_as_current_span("GET /home"):
+        async with AsyncClient(dep, base_url=server.url) as client:
+            await asyncio.gather(client.get("/"), client.get("/"))
     hist = tel.point("deadlines.outbound.pool_wait", dependency="pricing")
     assert hist.count == 2
     assert 0.39 <= hist.sum <= 0.9
@@ -146,19 +146,24 @@ async def test_full_pool_wait_on_histogram_and_call_span(tel: OTel) -> None:
 async def test_remaining_budget_and_fail_fast_on_call_spans(tel: OTel) -> None:
     """Each call span carries the budget left at its start; a fail-fast is an error span."""
     dep = Dependency("recs", min_useful=0.5)
-    async with HttpServer(delay=0) as server:
-        client = TinyClient(dep, server.port)
-        with tel.tracer.start_as_current_span("GET /home"):
+    with (
+        HealthyServer() as server,
+        SilentServer() as hung_server,
+        tel.tracer.start_as_current_span("GET /home"),
+    ):
+        async with (
+            AsyncClient(dep, base_url=server.url) as client,
+            AsyncClient(dep, base_url=hung_server.url) as hung_client,
+        ):
             async with deadlines.scope(2.0):
-                await client.get()
-            async with HttpServer(delay=None) as hung_server:
-                hung = asyncio.create_task(TinyClient(dep, hung_server.port).get())
-                await hung_server.wait_requests(1)
-                with deadlines.scope(0.1), pytest.raises(BudgetExhausted):
-                    await client.get()
-                in_flight = tel.point("deadlines.outbound.in_flight", dependency="recs")
-                hung.cancel()
-                await asyncio.gather(hung, return_exceptions=True)
+                await client.get("/")
+            hung = asyncio.create_task(hung_client.get("/"))
+            await until(lambda: hung_server.opened >= 1, "the hung connection")
+            with deadlines.scope(0.1), pytest.raises(BudgetExhausted):
+                await client.get("/")
+            in_flight = tel.point("deadlines.outbound.in_flight", dependency="recs")
+            hung.cancel()
+            await asyncio.gather(hung, return_exceptions=True)
     by_outcome = {
         s.attributes["deadlines.outcome"]: s
         for s in tel.finished("deadlines.call recs")

@@ -1,0 +1,39 @@
+"""The metrics overhead benchmark keeps working: a `--quick` run goes end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_quick_overhead_run_reports_every_row(tmp_path: Path) -> None:
+    """A quick run exits 0, prints the table and gives finite figures for each row."""
+    out = tmp_path / "overhead.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error",
+            str(ROOT / "benchmarks" / "metrics_overhead.py"),
+            "--quick",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    names = [row["name"] for row in rows]
+    assert "event path: prometheus" in names and "event path: all three" in names
+    for row in rows:
+        assert row["a"]["n"] > 0 and row["b"]["n"] > 0
+        assert math.isfinite(row["ratio"]) and row["ratio"] > 0
+    assert "CPU µs per call" in proc.stdout
