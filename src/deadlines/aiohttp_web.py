@@ -72,18 +72,19 @@ class DeadlineMiddleware:
         self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
         self._reserve = _validate.seconds(reserve, "reserve")
         self._header = _inbound.header_name(header)
-        self._rename = self._header != wire.HEADER
+        self._names = (self._header, wire.GRPC_HEADER, wire.ENVOY_HEADER)
         self._watch_every = _validate.seconds(watch_every, "watch_every", allow_zero=False)
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Run `handler` under the request's deadline."""
         started = _clock.now()
         route, limits_ = self._route(request)
-        headers: Any = (
-            _inbound.renamed(request.raw_headers, self._header.encode())
-            if self._rename
-            else request.headers
-        )
+        getall = request.headers.getall
+        headers = [
+            (wire.HEADER if name == self._header else name, value)
+            for name in self._names
+            for value in getall(name, ())
+        ]
         budget = _inbound.budget(headers, limits_, self._reserve)
         if _events.active():
             _events.emit(_events.RequestStarted(route, budget))

@@ -26,7 +26,9 @@ Only asyncio servers get the caller-left watcher; under trio the deadline still 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from datetime import timedelta
@@ -93,9 +95,15 @@ class DeadlineMiddleware:
         self._header = _inbound.header_name(header)
         self._header_bytes = self._header.encode()
         self._rename = self._header != wire.HEADER
+        names = (self._header, wire.GRPC_HEADER, wire.ENVOY_HEADER)
+        self._known = frozenset(name.encode() for name in names)
         self._read_ahead = read_ahead
         self._watch_after = _validate.seconds(watch_after, "watch_after")
         self._routes: dict[tuple[int, str, str], tuple[str, Limits]] = {}
+        self._sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._last: tuple[asyncio.AbstractEventLoop | None, _Sweeper | None] = (None, None)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run one ASGI connection scope; only ``http`` is handled, the rest pass through."""
@@ -103,6 +111,16 @@ class DeadlineMiddleware:
             await self.app(scope, receive, send)
             return
         await _Exchange(self, scope, receive, send).run()
+
+    def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
+        last_loop, last = self._last
+        if last_loop is loop and last is not None:
+            return last
+        sweeper = self._sweepers.get(loop)
+        if sweeper is None:
+            sweeper = self._sweepers[loop] = _Sweeper(loop, self._watch_after)
+        self._last = (loop, sweeper)
+        return sweeper
 
     def _route(self, scope: Scope) -> tuple[str, Limits]:
         """The route label and limits for a request, cached per (app, method, path)."""
@@ -123,9 +141,24 @@ class DeadlineMiddleware:
         label = template or pattern or _inbound.UNMATCHED
         return label, marked or table_limits
 
-    def _headers(self, scope: Scope) -> list[tuple[bytes, bytes]]:
-        headers: list[tuple[bytes, bytes]] = scope.get("headers") or []
-        return _inbound.renamed(headers, self._header_bytes) if self._rename else headers
+    def _scan(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
+        """The deadline headers among the request's (one pass), and Expect: 100-continue.
+
+        ASGI header names are lower-case bytes, so a set lookup finds ours; only the
+        few that match are parsed.
+        """
+        found: list[tuple[bytes, bytes]] = []
+        expect = False
+        known = self._known
+        for pair in scope.get("headers") or ():
+            name = pair[0]
+            if name in known:
+                found.append(pair)
+            elif name == b"expect":
+                expect = pair[1].lower() == b"100-continue"
+        if found and self._rename:
+            found = _inbound.renamed(found, self._header_bytes)
+        return found, expect
 
 
 class _Exchange:
@@ -148,7 +181,7 @@ class _Exchange:
         "_room",
         "_send",
         "_started_at",
-        "_timer",
+        "_sweeper",
         "_waiters",
         "buffer",
         "caller_left",
@@ -176,7 +209,7 @@ class _Exchange:
         self._eof = False
         self._host: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._sweeper: _Sweeper | None = None
         self._cancels = 0
         self._active = True
         self._may_read_ahead = True
@@ -186,7 +219,7 @@ class _Exchange:
 
     async def run(self) -> None:
         mw = self._mw
-        headers = mw._headers(self.scope)
+        headers, expect = mw._scan(self.scope)
         route, limits_ = mw._route(self.scope)
         budget = _inbound.budget(headers, limits_, mw._reserve)
         if _events.active():
@@ -195,7 +228,7 @@ class _Exchange:
             await self._answer_timeout(headers, limits_, budget)
             self._finish(route, "budget_exhausted", budget)
             return
-        self._arm(headers)
+        self._arm(expect)
         outcome: RequestOutcome = "error"
         try:
             outcome = await self._call_app(budget)
@@ -280,7 +313,7 @@ class _Exchange:
 
     # Watching for the caller leaving.
 
-    def _arm(self, headers: list[tuple[bytes, bytes]]) -> None:
+    def _arm(self, expect_continue: bool) -> None:
         try:
             self._host = asyncio.current_task()
         except RuntimeError:  # not asyncio (trio): the deadline applies, no watcher
@@ -290,21 +323,19 @@ class _Exchange:
         self._loop = self._host.get_loop()
         # With "Expect: 100-continue" the server answers "100 Continue" on the first
         # receive(); read ahead only after the app asked for the body itself.
-        self._may_read_ahead = not any(
-            key.lower() == b"expect" and value.lower() == b"100-continue" for key, value in headers
-        )
-        self._timer = self._loop.call_later(self._mw._watch_after, self._start_pump)
+        self._may_read_ahead = not expect_continue
+        self._sweeper = self._mw._sweeper_for(self._loop)
+        self._sweeper.add(self)
 
     def _disarm(self) -> None:
         self._active = False
-        if self._timer is not None:
-            self._timer.cancel()
+        if self._sweeper is not None:
+            self._sweeper.discard(self)
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
         self._uncancel()
 
     def _start_pump(self) -> None:
-        self._timer = None
         if not self._active or self._eof or self.complete or self._pump is not None:
             return
         if self._direct or not self._may_read_ahead:
@@ -382,7 +413,12 @@ class _Exchange:
             assert self._loop is not None
             waiter = self._loop.create_future()
             self._waiters.append(waiter)
-            await waiter
+            try:
+                await waiter
+            finally:
+                if not waiter.done() or waiter.cancelled():  # e.g. is_disconnected() polls
+                    with contextlib.suppress(ValueError):
+                        self._waiters.remove(waiter)
 
     async def _read_direct(self) -> Message:
         self._direct += 1
@@ -407,6 +443,42 @@ class _Exchange:
         ):
             self.complete = True
         await self._send(message)
+
+
+class _Sweeper:
+    """Starts the watcher of each request that has run for `after` seconds; one per loop.
+
+    One timer for all requests in flight instead of one per request: a request that
+    ends sooner costs a dict insert and delete.
+    """
+
+    __slots__ = ("_after", "_handle", "_loop", "_pending")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, after: float) -> None:
+        self._loop = loop
+        self._after = after
+        self._pending: dict[_Exchange, float] = {}  # insertion order = arrival order
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, exchange: _Exchange) -> None:
+        self._pending[exchange] = self._loop.time()
+        if self._handle is None:
+            self._handle = self._loop.call_later(self._after, self._sweep)
+
+    def discard(self, exchange: _Exchange) -> None:
+        self._pending.pop(exchange, None)
+
+    def _sweep(self) -> None:
+        self._handle = None
+        pending = self._pending
+        due = self._loop.time() - self._after
+        while pending:
+            exchange, arrived = next(iter(pending.items()))
+            if arrived > due:
+                self._handle = self._loop.call_at(arrived + self._after, self._sweep)
+                return
+            del pending[exchange]
+            exchange._start_pump()
 
 
 def _routes_of(app: Any) -> list[Any] | None:

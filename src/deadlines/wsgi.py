@@ -140,7 +140,7 @@ class DeadlineMiddleware:
             environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
         )
         route = pattern or _inbound.UNMATCHED
-        budget = _inbound.budget(headers, limits_, self._reserve)
+        budget = _inbound.budget(headers.items(), limits_, self._reserve)
         report = _Report(route, budget, started)
         info = _Request(headers, limits_, budget, started, self._header)
         if budget <= 0.0:

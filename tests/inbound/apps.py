@@ -110,6 +110,14 @@ def starlette_app(record: Record, *, base_http: str | None = None, **options: An
 
         return StreamingResponse(chunks())
 
+    async def poll(request: Request) -> JSONResponse:
+        polls = 0
+        for _ in range(20):
+            assert not await request.is_disconnected()
+            polls += 1
+            await asyncio.sleep(0.005)
+        return JSONResponse({"polls": polls})
+
     @limits(default=5.0, maximum=8.0)
     async def report(request: Request) -> JSONResponse:
         return JSONResponse({"remaining": deadlines.remaining()})
@@ -126,6 +134,7 @@ def starlette_app(record: Record, *, base_http: str | None = None, **options: An
         Route("/stream", stream),
         Route("/stall", stall),
         Route("/report", report),
+        Route("/poll", poll),
         Route("/items/{item_id}", item),
         Route("/bulk/run", item),
         Mount("/admin", routes=[Route("/users/{user_id}", item)]),

@@ -218,6 +218,13 @@ def test_streaming_response_passes(server: str, request: pytest.FixtureRequest) 
     assert response.text == "chunk0;chunk1;chunk2;chunk3;chunk4;"
 
 
+@pytest.mark.parametrize("server", ["base", "eager"])
+def test_is_disconnected_polling_works(server: str, request: pytest.FixtureRequest) -> None:
+    """Starlette's request.is_disconnected() answers False while the client waits."""
+    url: str = request.getfixturevalue(server)
+    assert get(f"{url}/poll", "3000").json() == {"polls": 20}
+
+
 def test_expect_100_continue(eager: str) -> None:
     """A request with Expect: 100-continue still gets its body read and answered."""
     body = b"y" * 5000
