@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG (one experiment)")
     parser.add_argument(
-        "--report", metavar="PATH", default="deadlines-lab-report/report.md",
+        "--report", metavar="PATH", default="lab-report/report.md",
         help="all: where the Markdown report goes (PNGs beside it)",
     )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress display")
