@@ -83,7 +83,7 @@ def serve_hypercorn(app: Any) -> Iterator[str]:
     stop = asyncio.Event()
     thread = threading.Thread(
         target=loop.run_until_complete,
-        args=(serve(app, config, shutdown_trigger=stop.wait, mode="asgi"),),  # type: ignore[arg-type]
+        args=(serve(app, config, shutdown_trigger=stop.wait, mode="asgi"),),
         daemon=True,
     )
     thread.start()

@@ -374,3 +374,32 @@ def test_options_are_validated() -> None:
         DeadlineMiddleware(app, default=1, maximum=2, routes={"x": Limits(default=1, maximum=2)})
     with pytest.raises(TypeError, match="ASGI"):
         DeadlineMiddleware(None, default=1, maximum=2)  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_deadline_applies_under_both_backends(anyio_backend: str) -> None:
+    """Called directly under asyncio or trio, the app is stopped at the deadline with a 504."""
+    import anyio
+
+    sent: list[Any] = []
+    seen: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(deadlines.current())
+        await anyio.sleep(5)
+
+    async def receive() -> Any:
+        await anyio.sleep(10)  # nothing from the client
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    middleware = DeadlineMiddleware(app, default=0.1, maximum=1, reserve=0)
+    begin = time.monotonic()
+    await middleware({"type": "http", "method": "GET", "path": "/", "headers": []}, receive, send)
+    assert 0.09 <= time.monotonic() - begin < 0.6
+    assert seen[0] is not None
+    assert sent[0]["status"] == 504
+    assert json.loads(sent[1]["body"])["limit"] == "route default"

@@ -29,7 +29,7 @@ from .conftest import raw_request, serve_aiohttp, serve_hypercorn, serve_uvicorn
 
 pytestmark = pytest.mark.realtime
 
-LIMITS = {"default": 1.0, "maximum": 2.0, "reserve": 0.05}
+LIMITS: dict[str, Any] = {"default": 1.0, "maximum": 2.0, "reserve": 0.05}
 MOST = 1.95  # maximum - reserve
 DEFAULT = 0.95
 
