@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 import deadlines
+import deadlines.httpx
 from deadlines import wire
 from deadlines.asgi import DeadlineMiddleware
 
@@ -37,11 +38,24 @@ C_WORK = 1.0  # seconds of work at C; long enough to tell "stopped" from "finish
 FIXED_TIMEOUT = 3.0  # the per-hop timeout of the chain without deadlines
 
 
-def hop(downstream: str | None, record: Record, *, propagate: bool) -> Starlette:
-    """A (or B) calls `downstream`; C (no downstream) does C_WORK seconds of work."""
+def hop(
+    downstream: str | None, record: Record, *, propagate: bool, outbound: str = "plain"
+) -> Starlette:
+    """A (or B) calls `downstream`; C (no downstream) does C_WORK seconds of work.
+
+    `outbound` "plain" forwards the header by hand with httpx; "deadlines" uses
+    `deadlines.httpx`, which does it (and bounds every phase) by itself.
+    """
 
     async def relay(request: Request) -> Response:
         await asyncio.sleep(0.01)  # a little local work
+        if outbound == "deadlines":
+            dependency = deadlines.Dependency("next-hop", total=10.0)
+            async with deadlines.httpx.AsyncClient(dependency) as smart:
+                answer = await smart.get(
+                    f"{downstream}/work", headers={"x-id": request.headers["x-id"]}
+                )
+            return Response(answer.content, status_code=answer.status_code)
         if propagate:  # what deadlines.httpx will do: forward the rest, bound the wait
             headers = wire.outbound_headers(deadlines.remaining())
             timeout = min(deadlines.remaining(), FIXED_TIMEOUT)
@@ -74,12 +88,12 @@ def hop(downstream: str | None, record: Record, *, propagate: bool) -> Starlette
 
 
 @contextlib.contextmanager
-def chain(record: Record, *, propagate: bool) -> Iterator[str]:
+def chain(record: Record, *, propagate: bool, outbound: str = "plain") -> Iterator[str]:
     """Start C, B and A; yields A's URL."""
     with (
         serve_uvicorn(hop(None, record, propagate=propagate)) as c,
-        serve_uvicorn(hop(c, record, propagate=propagate)) as b,
-        serve_uvicorn(hop(b, record, propagate=propagate)) as a,
+        serve_uvicorn(hop(c, record, propagate=propagate, outbound=outbound)) as b,
+        serve_uvicorn(hop(b, record, propagate=propagate, outbound=outbound)) as a,
     ):
         yield a
 
@@ -100,10 +114,11 @@ def call_and_hang_up(url: str, key: str, record: Record, *, budget_ms: str = "50
     return hung_up
 
 
-def test_caller_hanging_up_stops_c_within_tens_of_ms() -> None:
+@pytest.mark.parametrize("outbound", ["plain", "deadlines"])
+def test_caller_hanging_up_stops_c_within_tens_of_ms(outbound: str) -> None:
     """With deadlines, C is told the remaining time and stops soon after A's caller leaves."""
     record = Record()
-    with chain(record, propagate=True) as a:
+    with chain(record, propagate=True, outbound=outbound) as a:
         key = uuid.uuid4().hex
         hung_up = call_and_hang_up(a, key, record)
         stopped = record.wait(key, "stopped", timeout=3)
