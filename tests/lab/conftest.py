@@ -15,6 +15,6 @@ def quick_all(tmp_path_factory: pytest.TempPathFactory) -> QuickAll:
     folder = tmp_path_factory.mktemp("lab")
     report = folder / "report.md"
     json_path = folder / "results.json"
-    run = run_lab(["--quick", "--report", str(report), "--json", str(json_path)], timeout=170)
+    run = run_lab(["--quick", "--report", str(report), "--json", str(json_path)], timeout=280)
     assert run.returncode == 0, run.stderr[-3000:]
     return QuickAll(run, json.loads(json_path.read_text()), report)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from deadlines.lab import chain, defaults, slow_server
 
 from .helpers import QuickAll, processes_with
+
+# The shared quick run (about a minute, more on a loaded machine) is set up by the first test.
+pytestmark = [pytest.mark.slow, pytest.mark.realtime, pytest.mark.timeout(300)]
 
 ROW_KEYS = {"client", "setup", "server", "outcome", "error", "elapsed_ms", "connection_closed"}
 CASCADE_KEYS = {
@@ -117,9 +122,9 @@ def test_chain_fixed_commits_for_nobody_propagated_stops(quick_all: QuickAll) ->
     assert fixed["c_budget_ms"] is None and fixed["c_stopped_ms"] is None
     assert prop["c_committed"] is False
     assert prop["c_finished_ms"] is None
-    assert prop["c_stopped_ms"] <= user_ms + 300
+    assert prop["c_stopped_ms"] <= user_ms + 500
     assert 0 < prop["c_budget_ms"] < user_ms
-    assert prop["a_status"] == 504 and prop["a_answered_ms"] <= user_ms + 300
+    assert prop["a_status"] == 504 and prop["a_answered_ms"] <= user_ms + 500
 
 
 def test_slow_server_round_robin_queues_least_outstanding_does_not(quick_all: QuickAll) -> None:
@@ -135,7 +140,7 @@ def test_slow_server_round_robin_queues_least_outstanding_does_not(quick_all: Qu
     assert sum(shed["dropped"]) > 0 and sum(rr["dropped"]) == 0
     assert shed["queue_max"][slow] < rr["queue_max"][slow]
     deadline_ms = result["params"]["request_deadline"] * 1000.0
-    assert shed["p99_ms_after_slowdown"] <= deadline_ms + 300
+    assert shed["p99_ms_after_slowdown"] <= deadline_ms + 500
 
 
 def test_all_writes_a_markdown_report_with_pictures(quick_all: QuickAll) -> None:

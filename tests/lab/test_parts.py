@@ -157,6 +157,7 @@ def test_table_renders_text_and_markdown() -> None:
     assert report.ms(2004.4) == "2,004 ms" and report.ms(None) == "-"
 
 
+@pytest.mark.realtime
 def test_defaults_alone_writes_rows_json_and_png(tmp_path) -> None:
     """`deadlines lab defaults --json --plot` writes the list of rows and a PNG."""
     out, png = tmp_path / "d.json", tmp_path / "d.png"
@@ -207,6 +208,7 @@ def test_bad_flags_are_refused_with_the_flag_named() -> None:
 
 
 @pytest.mark.postgres
+@pytest.mark.realtime
 def test_chain_commits_into_postgres_with_dsn() -> None:
     """With --dsn the fixed chain's commit lands in Postgres; the propagated one does not."""
     import psycopg
