@@ -224,3 +224,16 @@ def test_chain_commits_into_postgres_with_dsn() -> None:
     finally:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("DROP TABLE IF EXISTS deadlines_lab_chain")
+
+
+def test_a_variant_whose_modules_are_missing_is_pending_not_faked(monkeypatch) -> None:
+    """Without the library's integrations the deadlines variant is reported pending, no figures."""
+    from deadlines.lab import _cascade_deadlines, cascade
+    from deadlines.lab.progress import Progress
+
+    monkeypatch.setattr(_cascade_deadlines, "missing", lambda: "waiting for deadlines.aiohttp")
+    result = cascade.run(cascade.Params(variants=("deadlines",)), Progress(quiet=True))
+    assert result["variants"] == {}
+    assert result["pending"] == {"deadlines": "waiting for deadlines.aiohttp"}
+    rows = cascade.tables(result)[0].rows
+    assert rows[0][1] == "pending"

@@ -256,7 +256,7 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
     """A timeline per variant: when A answered, B gave up, C stopped or committed."""
     plt = report.pyplot()
     names = list(result["variants"])
-    fig, ax = plt.subplots(figsize=(8, 1.4 + 1.2 * len(names)))
+    fig, ax = plt.subplots(figsize=(9, 1.6 + 1.5 * len(names)))
     user_wait = result["params"]["user_wait"] * 1000.0
     for row, name in enumerate(names):
         v = result["variants"][name]
@@ -266,15 +266,17 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
             ("C stopped", v["c_stopped_ms"], "tab:green"),
             ("C committed", v["c_finished_ms"] if v["c_committed"] else None, "tab:red"),
         ]
-        for label, value, colour in marks:
-            if value is not None:
-                ax.scatter([value], [row], color=colour, s=60, zorder=3)
-                ax.annotate(label, (value, row), textcoords="offset points", xytext=(4, 8),
-                            fontsize=8)  # fmt: skip
+        shown = [(label, value, colour) for label, value, colour in marks if value is not None]
+        for k, (label, value, colour) in enumerate(shown):
+            ax.scatter([value], [row], color=colour, s=60, zorder=3)
+            # Stack the labels: in the propagated run every mark falls within a few ms.
+            ax.annotate(f"{label} {value:,.0f} ms", (value, row), textcoords="offset points",
+                        xytext=(6, 10 + 11 * k), fontsize=8, color=colour)  # fmt: skip
     ax.axvline(user_wait, color="grey", linestyle=":", label="the user gives up")
     ax.set_yticks(range(len(names)))
     ax.set_yticklabels(names)
-    ax.set_ylim(-0.6, len(names) - 0.4)
+    ax.set_ylim(-0.5, len(names) - 0.1)
+    ax.margins(x=0.18)  # room for the labels right of the last mark
     ax.set_xlabel("ms since the user's request")
     ax.set_title("chain: who is still working after the user left?")
     ax.legend(fontsize=8, loc="lower right")
