@@ -66,7 +66,7 @@ _FLAGS: dict[str, tuple[str, str]] = {}
 
 
 def _flag(group: Any, experiment: str, field: str, kind: Any, help_text: str) -> None:
-    dest = f"{experiment.replace('-', '_')}__{field}"
+    dest = f"{experiment.replace('-', '_').replace('*', 'any')}__{field}"
     flag = "--" + field.replace("_", "-")
     if kind is tuple:
         group.add_argument(flag, dest=dest, metavar="A,B", help=help_text)
@@ -103,7 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(g, "cascade", "recs_timeout", float, "timeout/deadlines: limit on recs, s (0.3)")
     _flag(g, "cascade", "checkout_timeout", float, "what the client gives /checkout, s (5)")
     _flag(g, "cascade", "home_deadline", float, "deadlines: /home's route deadline, s (1)")
-    _flag(g, "cascade", "variants", tuple, "no_timeout,timeout,bulkhead,deadlines")
+    g = parser.add_argument_group("cascade and chain")
+    _flag(g, "*", "variants", tuple, "cascade: no_timeout,timeout,bulkhead,deadlines; "
+          "chain: fixed,propagated")  # fmt: skip
     g = parser.add_argument_group("chain")
     _flag(g, "chain", "user_wait", float, "how long the user waits, s (2)")
     _flag(g, "chain", "a_work", float, "A's own work, s (0.2)")
@@ -132,10 +134,15 @@ def params_for(name: str, args: argparse.Namespace) -> Any:
     changes: dict[str, Any] = {}
     for dest, (owner, field) in _FLAGS.items():
         value = getattr(args, dest, None)
-        if owner != name or value is None:
+        if owner not in (name, "*") or value is None or not hasattr(base, field):
             continue
         if isinstance(getattr(base, field), tuple):
             value = tuple(part.strip() for part in str(value).split(",") if part.strip())
+            if owner == "*" and args.experiment == "all":
+                # One flag for several experiments: each takes the names it knows.
+                value = tuple(v for v in value if v in getattr(module, "VARIANTS", ()))
+                if not value:
+                    continue
         changes[field] = value
     try:
         return dataclasses.replace(base, **changes)
