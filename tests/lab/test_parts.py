@@ -237,3 +237,18 @@ def test_a_variant_whose_modules_are_missing_is_pending_not_faked(monkeypatch) -
     assert result["pending"] == {"deadlines": "waiting for deadlines.aiohttp"}
     rows = cascade.tables(result)[0].rows
     assert rows[0][1] == "pending"
+
+
+def test_flags_reach_the_experiment_they_belong_to() -> None:
+    """Flags override the chapter's defaults; --variants splits across cascade and chain."""
+    from deadlines.__main__ import build_parser
+    from deadlines.lab import cli
+
+    args = build_parser().parse_args(["lab", "--variants", "fixed,timeout", "--pool-size", "7"])
+    assert args.experiment == "all"
+    assert cli.params_for("chain", args).variants == ("fixed",)
+    cascade = cli.params_for("cascade", args)
+    assert cascade.variants == ("timeout",) and cascade.pool_size == 7
+    quick = build_parser().parse_args(["lab", "slow-server", "--quick", "--rate", "40"])
+    params = cli.params_for("slow-server", quick)
+    assert params.rate == 40 and params.run_for == 3.0
