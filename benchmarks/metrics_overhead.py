@@ -13,10 +13,10 @@ hits both. Two kinds of call:
 * a real `deadlines.httpx` GET to a keep-alive server on loopback (when that module is
   present), where the goal is a ratio of at most 1.05.
 
-Samples are mean microseconds of CPU time per call (the whole process: client, server
-thread and exporters) over a batch of calls. CPU time, not wall time, because the
-exporters' cost is CPU work and because CPU time barely moves when other processes load
-the machine, where wall time swings by a factor of three.
+Samples are mean microseconds of CPU time per call of this process (the client and the
+exporters; the loopback server runs in a process of its own) over a batch of calls.
+CPU time, not wall time, because the exporters' cost is CPU work and because wall time
+swings by a factor of three when other processes load the machine.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -98,25 +100,62 @@ def _off() -> Iterator[None]:
 
 Setup = Callable[[], contextlib.AbstractContextManager[None]]
 
+_SERVER = """
+import sys
+from deadlines.lab.servers import HealthyServer
+with HealthyServer() as server:
+    print(server.url, flush=True)
+    sys.stdin.read()  # until the benchmark closes our stdin
+"""
 
-def _event_batch(setup: Setup, calls: int) -> float:
-    """Mean µs per `with CallBudget(dep): pass` under a deadline, exporters from `setup`."""
+
+@contextlib.contextmanager
+def _server_process() -> Iterator[str]:
+    """The lab's HealthyServer in its own process, so our CPU time is the client's alone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        yield proc.stdout.readline().strip()
+    finally:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        proc.stdin.close()
+        proc.wait(timeout=10)
+        proc.stdout.close()
+
+
+WARM = 20  # untimed calls after each install: first-use costs (children, storage) are not per call
+
+
+def _event_side(setup: Setup, batches: int, calls: int) -> list[float]:
+    """Mean CPU µs per `with CallBudget(dep): pass` under a deadline, one figure per batch."""
+
+    def one() -> None:
+        with CallBudget(DEP):
+            pass
+
     with setup(), deadlines.scope(3600):
-        start = time.process_time()
-        for _ in range(calls):
-            with CallBudget(DEP):
-                pass
-        return (time.process_time() - start) / calls * 1e6
+        for _ in range(WARM):
+            one()
+        figures = []
+        for _ in range(batches):
+            start = time.process_time()
+            for _ in range(calls):
+                one()
+            figures.append((time.process_time() - start) / calls * 1e6)
+        return figures
 
 
 def event_path(name: str, setup: Setup, *, rounds: int, batches: int, calls: int) -> Comparison:
     """The event path alone: nobody listening (A) vs `setup`'s exporters (B)."""
-    _event_batch(setup, calls)  # warm up imports and caches
-
-    def run(which: Setup) -> Callable[[], list[float]]:
-        return lambda: [_event_batch(which, calls) for _ in range(batches)]
-
-    a, b = alternate(rounds, run(_off), run(setup))
+    _event_side(setup, 1, calls)  # warm up imports and caches
+    a, b = alternate(
+        rounds,
+        lambda: _event_side(_off, batches, calls),
+        lambda: _event_side(setup, batches, calls),
+    )
     return Comparison(
         name=f"event path: {name}",
         metric="CPU µs per call",
@@ -125,6 +164,7 @@ def event_path(name: str, setup: Setup, *, rounds: int, batches: int, calls: int
         a=Summary.of(a),
         b=Summary.of(b),
         goal="report (B - A µs)",
+        notes={"paired_ratio_p50": _paired(a, b)},
     )
 
 
@@ -134,29 +174,40 @@ def httpx_calls(
     """Real deadlines.httpx GETs on loopback: no exporter (A) vs `setup`'s (B)."""
     try:
         import deadlines.httpx as dhttpx
-        from deadlines.lab.servers import HealthyServer
+        import deadlines.lab.servers  # the server process needs it
     except ImportError as exc:
         print(f"[bench] skipping httpx calls: {exc}", file=sys.stderr)
         return None
 
     async def main() -> tuple[list[float], list[float]]:
-        with HealthyServer() as server:
-            async with dhttpx.AsyncClient(DEP, base_url=server.url) as client:
+        with _server_process() as url:
+            async with dhttpx.AsyncClient(DEP, base_url=url) as client:
 
-                async def batch(which: Setup) -> float:
+                async def one() -> None:
+                    (await client.get("/")).raise_for_status()
+
+                async def side(which: Setup) -> list[float]:
                     with which(), deadlines.scope(3600):
-                        start = time.process_time()
-                        for _ in range(calls):
-                            (await client.get("/")).raise_for_status()
-                        return (time.process_time() - start) / calls * 1e6
+                        for _ in range(WARM):
+                            await one()
+                        figures = []
+                        for _ in range(batches):
+                            start = time.process_time()
+                            for _ in range(calls):
+                                await one()
+                            figures.append((time.process_time() - start) / calls * 1e6)
+                        return figures
 
-                await batch(setup)  # warm up: connections, imports, caches
+                await side(setup)  # warm up: connections, imports, caches
                 a: list[float] = []
                 b: list[float] = []
-                for i in range(rounds):
-                    order = [(_off, a), (setup, b)] if i % 2 == 0 else [(setup, b), (_off, a)]
-                    for which, into in order:
-                        into += [await batch(which) for _ in range(batches)]
+                for i in range(rounds):  # A then B, B then A, ...: drift hits both
+                    if i % 2 == 0:
+                        a += await side(_off)
+                        b += await side(setup)
+                    else:
+                        b += await side(setup)
+                        a += await side(_off)
                 return a, b
 
     a, b = asyncio.run(main())
@@ -168,7 +219,13 @@ def httpx_calls(
         a=Summary.of(a),
         b=Summary.of(b),
         goal="ratio <= 1.05",
+        notes={"paired_ratio_p50": _paired(a, b)},
     )
+
+
+def _paired(a: list[float], b: list[float]) -> float:
+    """Median of B/A over neighbouring batches: slow drift of the machine cancels out."""
+    return statistics.median(y / x for x, y in zip(a, b, strict=True) if x > 0)
 
 
 def run(quick: bool) -> list[Comparison]:
@@ -188,7 +245,7 @@ def run(quick: bool) -> list[Comparison]:
         event_path("all three", _all, rounds=rounds, batches=batches, calls=calls),
     ]
     # Many small batches: the median shrugs off the load spikes of a shared machine.
-    http_rounds, http_batches, http_calls = (2, 2, 20) if quick else (16, 4, 50)
+    http_rounds, http_batches, http_calls = (2, 1, 20) if quick else (40, 1, 60)
     for name, setup in [("prometheus", _prometheus), ("otel", _otel), ("all three", _all)]:
         row = httpx_calls(name, setup, rounds=http_rounds, batches=http_batches, calls=http_calls)
         if row is None:
@@ -207,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print()
     for r in rows:
-        print(f"{r.name:<34} adds {r.b.p50 - r.a.p50:7.2f} CPU µs per call (ratio {r.ratio:.3f})")
+        paired = r.notes.get("paired_ratio_p50", float("nan"))
+        print(
+            f"{r.name:<34} adds {r.b.p50 - r.a.p50:7.2f} CPU µs per call"
+            f" (ratio {r.ratio:.3f}, paired batches {paired:.3f})"
+        )
     if args.json:
         payload = {"quick": args.quick, "rows": [r.to_json() for r in rows]}
         args.json.write_text(json.dumps(payload, indent=2))
