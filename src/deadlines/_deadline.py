@@ -35,6 +35,13 @@ class Deadline:
         self._at = float(instant)
 
     @classmethod
+    def _unchecked(cls, instant: float) -> Deadline:
+        """A deadline at `instant` without validation, for internal hot paths."""
+        self = object.__new__(cls)
+        self._at = instant
+        return self
+
+    @classmethod
     def after(cls, seconds: float | timedelta) -> Deadline:
         """The instant `seconds` from now; 0 gives an already expired deadline."""
         return cls(_clock.now() + _validate.seconds(seconds, "seconds"))

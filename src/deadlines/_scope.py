@@ -142,18 +142,19 @@ class scope:
         if self._entered:
             raise RuntimeError("a deadlines.scope can be entered only once")
         self._entered = True
-        outer = _frame.get()
-        start = _clock.now()
-        candidates = [] if outer is None else [outer]
-        if self._budget is not None:
-            candidates.append(_Frame(Deadline(start + self._budget), self._budget, start))
-        if self._deadline is not None:
-            budget = max(0.0, self._deadline.instant - start)
-            candidates.append(_Frame(self._deadline, budget, start))
-        if candidates:
-            self._frame = min(candidates, key=lambda f: f.deadline.instant)
-        self._token = _frame.set(self._frame)
-        return self.deadline
+        frame = _frame.get()
+        if self._budget is not None or self._deadline is not None:
+            start = _clock.now()
+            if self._budget is not None:
+                at = start + self._budget
+                if frame is None or at < frame.deadline.instant:
+                    frame = _Frame(Deadline._unchecked(at), self._budget, start)
+            given = self._deadline
+            if given is not None and (frame is None or given.instant < frame.deadline.instant):
+                frame = _Frame(given, max(0.0, given.instant - start), start)
+        self._frame = frame
+        self._token = _frame.set(frame)
+        return None if frame is None else frame.deadline
 
     def _exit(self) -> None:
         if self._token is not None:
@@ -199,15 +200,18 @@ class _Canceller:
 
     @classmethod
     async def start(cls, deadline: Deadline) -> _Canceller:
+        """Arm a canceller for `deadline` in the running task."""
         self = cls()
-        trio = _running_trio()
-        if trio is not None:
-            self._trio = trio.CancelScope(deadline=trio.current_time() + deadline.remaining())
-            self._trio.__enter__()
-        else:
-            loop = asyncio.get_running_loop()
-            self._asyncio = asyncio.timeout_at(loop.time() + deadline.remaining())
+        loop = asyncio._get_running_loop()
+        if loop is not None:
+            self._asyncio = asyncio.Timeout(loop.time() + deadline.remaining())
             await self._asyncio.__aenter__()
+            return self
+        trio = _running_trio()
+        if trio is None:
+            raise RuntimeError("deadlines.scope needs a running asyncio or trio event loop")
+        self._trio = trio.CancelScope(deadline=trio.current_time() + deadline.remaining())
+        self._trio.__enter__()
         return self
 
     async def stop(
@@ -233,7 +237,7 @@ class _Canceller:
 def _running_trio() -> Any:
     """The trio module if the current task runs under trio, else None (no import)."""
     trio = sys.modules.get("trio")
-    if trio is None:
+    if trio is None or asyncio._get_running_loop() is not None:
         return None
     try:
         trio.lowlevel.current_task()

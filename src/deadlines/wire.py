@@ -93,36 +93,21 @@ def format_grpc_timeout(seconds: float) -> str:
     return "99999999H"
 
 
-def _parser(name: str) -> Any:
-    return parse_grpc_timeout if name == GRPC_HEADER else parse_ms
+_PARSERS: dict[str, Any] = {HEADER: parse_ms, ENVOY_HEADER: parse_ms}
+_PARSERS[GRPC_HEADER] = parse_grpc_timeout
+_PARSERS_BYTES: dict[bytes, Any] = {name.encode(): fn for name, fn in _PARSERS.items()}
 
 
-def _values(headers: HeadersLike, name: str) -> list[str | bytes]:
-    """Every value of header `name` (case-insensitive), from any common headers shape."""
-    for getter in ("getall", "getlist", "get_all"):  # multidict, Starlette, email/wsgiref
-        method = getattr(headers, getter, None)
-        if method is not None:
-            try:
-                found = method(name)
-            except KeyError:
-                found = []
-            if found or not isinstance(headers, Mapping):
-                return list(found or [])
-    pairs = headers.items() if isinstance(headers, Mapping) else headers
-    wanted = name.encode()
-    out: list[str | bytes] = []
-    for pair in pairs:
+def _pairs(headers: HeadersLike) -> Iterable[Any]:
+    """(name, value) pairs, repeats included: ASGI lists, dicts, multidicts, Starlette,
+    ``email.message.Message`` (all of whose ``items()`` keep repeated headers)."""
+    items = getattr(headers, "items", None)
+    if items is not None:
         try:
-            key, value = pair
-        except (TypeError, ValueError):
-            continue
-        if isinstance(key, bytes | bytearray):
-            match = bytes(key).lower() == wanted
-        else:
-            match = isinstance(key, str) and key.lower() == name
-        if match:
-            out.append(value)
-    return out
+            return items()  # type: ignore[no-any-return]
+        except TypeError:
+            return ()
+    return headers
 
 
 def _split(value: object) -> list[str | bytes]:
@@ -137,13 +122,27 @@ def _split(value: object) -> list[str | bytes]:
 def header_budget(headers: HeadersLike) -> float | None:
     """The smallest valid remaining time, in seconds, among the known headers, or None."""
     best: float | None = None
-    for name in KNOWN_HEADERS:
-        parse = _parser(name)
-        for value in _values(headers, name):
-            for part in _split(value):
-                seconds = parse(part)
-                if seconds is not None and (best is None or seconds < best):
-                    best = seconds
+    try:
+        pairs = iter(_pairs(headers))
+    except TypeError:
+        return None
+    for pair in pairs:
+        try:
+            key, value = pair
+        except (TypeError, ValueError):
+            continue
+        if isinstance(key, bytes):
+            parse = _PARSERS_BYTES.get(key.lower())
+        elif isinstance(key, str):
+            parse = _PARSERS.get(key.lower())
+        else:
+            continue
+        if parse is None:
+            continue
+        for part in _split(value):
+            seconds = parse(part)
+            if seconds is not None and (best is None or seconds < best):
+                best = seconds
     return best
 
 
