@@ -1,11 +1,27 @@
-"""Side-by-side measurement: alternate A and B in one run, report medians, spread, ratio."""
+"""Side-by-side measurement: alternate A and B in one run, report medians, spread, ratio.
+
+Also the plumbing the suites share: child processes that announce their port, and the
+CPU time and resident memory of a process read from /proc.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import selectors
 import statistics
+import subprocess
+import sys
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+HERE = Path(__file__).resolve().parent
+READY = "READY "
 
 
 def quantile(values: Sequence[float], q: float) -> float:
@@ -45,7 +61,13 @@ class Summary:
 
 @dataclass
 class Comparison:
-    """One row of the report: B measured against A, side by side."""
+    """One row of the report: B measured against A, side by side.
+
+    `rounds` holds B/A ratios of the medians of each alternation round (see
+    `alternate_rounds`); when present, the row's ratio is their median and the spread
+    their interquartile range, so slow drift of the machine cancels within a round.
+    `passed` is the verdict against `goal` (None: nothing to judge).
+    """
 
     name: str
     metric: str  # what the samples are, with unit, e.g. "latency ms"
@@ -55,48 +77,261 @@ class Comparison:
     b: Summary
     goal: str = ""
     notes: dict[str, Any] = field(default_factory=dict)
+    rounds: list[float] = field(default_factory=list)
+    passed: bool | None = None
 
     @property
     def ratio(self) -> float:
-        """B's median over A's (for throughput rows, higher is better)."""
+        """B over A: the median of the per-round ratios, else B's median over A's."""
+        if self.rounds:
+            return statistics.median(self.rounds)
         return self.b.p50 / self.a.p50 if self.a.p50 else float("nan")
 
+    @property
+    def ratio_spread(self) -> tuple[float, float]:
+        """The 25th and 75th percentiles of the per-round ratios (ratio twice without)."""
+        if not self.rounds:
+            return self.ratio, self.ratio
+        return quantile(self.rounds, 0.25), quantile(self.rounds, 0.75)
+
     def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict, ratio included."""
+        """A JSON-ready dict, ratio and its spread included."""
         data = asdict(self)
         data["ratio"] = self.ratio
+        data["ratio_iqr"] = list(self.ratio_spread)
         return data
+
+
+@dataclass
+class Bounded:
+    """A figure that must stay under a bound (no A/B): e.g. requests in flight."""
+
+    name: str
+    metric: str
+    value: Summary  # the samples over time
+    bound: float
+    goal: str
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def passed(self) -> bool:
+        """Whether the largest sample stayed within the bound."""
+        return self.value.max <= self.bound
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict, verdict included."""
+        data = asdict(self)
+        data["passed"] = self.passed
+        return data
+
+
+Row = Comparison | Bounded
 
 
 def alternate(
     rounds: int, run_a: Callable[[], list[float]], run_b: Callable[[], list[float]]
 ) -> tuple[list[float], list[float]]:
     """Run A then B, B then A, ... `rounds` times, so drift hits both sides equally."""
-    a: list[float] = []
-    b: list[float] = []
-    for i in range(rounds):
-        first, second = (run_a, run_b) if i % 2 == 0 else (run_b, run_a)
-        one, two = first(), second()
-        if i % 2 == 0:
-            a += one
-            b += two
-        else:
-            b += one
-            a += two
+    a, b, _ = alternate_rounds(rounds, run_a, run_b)
     return a, b
 
 
-def table(rows: Sequence[Comparison]) -> str:
-    """The report as a fixed-width text table."""
-    head = (
-        f"{'comparison':<34} {'metric':<18} {'A p50':>9} {'B p50':>9} {'ratio':>6}"
-        f" {'A p99':>9} {'B p99':>9} {'A iqr':>8} {'B iqr':>8}  goal"
-    )
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lines.append(
-            f"{r.name:<34} {r.metric:<18} {r.a.p50:>9.3f} {r.b.p50:>9.3f} {r.ratio:>6.3f}"
-            f" {r.a.p99:>9.3f} {r.b.p99:>9.3f} {r.a.iqr:>8.3f} {r.b.iqr:>8.3f}  {r.goal}"
+def alternate_rounds(
+    rounds: int, run_a: Callable[[], list[float]], run_b: Callable[[], list[float]]
+) -> tuple[list[float], list[float], list[float]]:
+    """Like `alternate`, and also each round's ratio of B's median to A's median."""
+    a: list[float] = []
+    b: list[float] = []
+    ratios: list[float] = []
+    for i in range(rounds):
+        if i % 2 == 0:
+            one, two = run_a(), run_b()
+        else:
+            two, one = run_b(), run_a()
+        a += one
+        b += two
+        if one and two and statistics.median(one):
+            ratios.append(statistics.median(two) / statistics.median(one))
+    return a, b, ratios
+
+
+def verdict_ratio(
+    row: Comparison, *, at_most: float | None = None, at_least: float | None = None
+) -> Comparison:
+    """Judge `row` by its ratio; sets and returns `row.passed`."""
+    r = row.ratio
+    row.passed = (at_most is None or r <= at_most) and (at_least is None or r >= at_least)
+    return row
+
+
+def verdict_p99(row: Comparison, at_most: float) -> Comparison:
+    """Judge `row` by B's p99; sets and returns `row.passed`."""
+    row.passed = row.b.p99 <= at_most
+    return row
+
+
+def _mark(passed: bool | None) -> str:
+    return "" if passed is None else ("ok" if passed else "MISSED")
+
+
+def table(rows: Sequence[Row]) -> str:
+    """The report as fixed-width text: A/B comparisons, then bounded figures."""
+    comparisons = [r for r in rows if isinstance(r, Comparison)]
+    bounded = [r for r in rows if isinstance(r, Bounded)]
+    lines: list[str] = []
+    if comparisons:
+        head = (
+            f"{'comparison':<40} {'metric':<17} {'A p50':>9} {'B p50':>9} {'ratio':>6}"
+            f" {'ratio IQR':>13} {'A p99':>9} {'B p99':>9}  goal"
         )
-        lines.append(f"{'':<34} A = {r.a_label}; B = {r.b_label}")
+        lines += [head, "-" * len(head)]
+        for r in comparisons:
+            low, high = r.ratio_spread
+            spread = f"{low:.3f}-{high:.3f}" if r.rounds else ""
+            lines.append(
+                f"{r.name:<40} {r.metric:<17} {r.a.p50:>9.3f} {r.b.p50:>9.3f} {r.ratio:>6.3f}"
+                f" {spread:>13} {r.a.p99:>9.3f} {r.b.p99:>9.3f}  {r.goal} {_mark(r.passed)}"
+            )
+            lines.append(f"{'':<4}A = {r.a_label}; B = {r.b_label}")
+    if bounded:
+        if lines:
+            lines.append("")
+        head = f"{'bounded figure':<40} {'metric':<22} {'p50':>9} {'max':>9} {'bound':>9}  goal"
+        lines += [head, "-" * len(head)]
+        for f in bounded:
+            lines.append(
+                f"{f.name:<40} {f.metric:<22} {f.value.p50:>9.1f} {f.value.max:>9.1f}"
+                f" {f.bound:>9.1f}  {f.goal} {_mark(f.passed)}"
+            )
     return "\n".join(lines)
+
+
+# Processes: CPU time and memory from /proc (Linux), children that announce a port.
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (its threads included)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+
+
+def rss_mb(pid: int | None = None) -> float:
+    """Resident memory of a process (this one by default) in MiB."""
+    status = Path(f"/proc/{pid or 'self'}/status").read_text()
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc status")
+
+
+class Child:
+    """A helper process (``python benchmarks/SCRIPT ARGS``) that prints ``READY {json}``.
+
+    Use as a context manager: it waits for readiness, and on exit terminates the
+    process by its PID (killing it if it lingers) and reaps it.
+    """
+
+    def __init__(self, script: str, *args: str, ready_timeout: float = 30.0) -> None:
+        self.argv = [sys.executable, str(HERE / script), *args]
+        self.ready_timeout = ready_timeout
+        self.info: dict[str, Any] = {}
+        self._stderr: IO[bytes] = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+
+    @property
+    def pid(self) -> int:
+        """The child's process id."""
+        return self.process.pid
+
+    @property
+    def port(self) -> int:
+        """The port it announced."""
+        return int(self.info["port"])
+
+    def readline(self, timeout: float) -> str:
+        """The next line of the child's stdout; raises if it does not come in time."""
+        stdout = self.process.stdout
+        assert stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(stdout, selectors.EVENT_READ)
+            if not sel.select(timeout):
+                raise RuntimeError(f"{self.argv[2:]} said nothing for {timeout} s")
+        line = stdout.readline().decode()
+        if not line:
+            self.process.wait(5)
+            raise RuntimeError(f"{self.argv[2:]} exited: {self.stderr_text()[-2000:]}")
+        return line.rstrip("\n")
+
+    def ask(self, command: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Send one JSON command line on stdin; the JSON line it answers."""
+        stdin = self.process.stdin
+        assert stdin is not None
+        stdin.write((json.dumps(command) + "\n").encode())
+        stdin.flush()
+        answer: dict[str, Any] = json.loads(self.readline(timeout))
+        return answer
+
+    def stderr_text(self) -> str:
+        """What the child wrote on stderr so far."""
+        self._stderr.seek(0)
+        return self._stderr.read().decode(errors="replace")
+
+    def __enter__(self) -> Child:
+        try:
+            line = self.readline(self.ready_timeout)
+            if not line.startswith(READY):
+                raise RuntimeError(f"{self.argv[2:]} said {line!r}")
+            self.info = json.loads(line[len(READY) :])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Terminate, kill after 3 s, reap."""
+        proc = self.process
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(3)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(3)
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+        self._stderr.close()
+
+
+def exit_with_parent(poll: float = 0.5) -> None:
+    """In a child: end this process when its parent is gone (a killed benchmark run)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        os._exit(0)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def announce(info: dict[str, Any]) -> None:
+    """In a child: tell the parent it is ready (``READY {json}`` on stdout)."""
+    print(READY + json.dumps(info), flush=True)

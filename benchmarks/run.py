@@ -2,9 +2,23 @@
 
     python benchmarks/run.py [--quick] [--json PATH] [--only NAME ...]
 
-Each comparison alternates A (the bare library) and B (through deadlines) in one run,
-so machine noise hits both; the table reports medians (p50), p99, spread (IQR) and the
-B/A ratio. Results depend on the machine: benchmarks/README.md records one run.
+Suites (run in this order; ``--only`` picks some):
+
+* ``outbound``  bare httpx / aiohttp vs `deadlines.httpx` / `deadlines.aiohttp`:
+  latency and CPU per small GET, sequential and 64 at once (goal: ratio <= 1.10);
+* ``inbound``   Starlette under uvicorn, bare vs `DeadlineMiddleware`, under load from a
+  separate load-generator process (goal: latency ratio <= 1.05, throughput >= 0.95);
+* ``precision`` how late a 50 ms limit fires: `deadlines` vs asyncio / httpx / aiohttp
+  against a silent server (goal: p99 <= 5 ms);
+* ``cascade``   the lab's cascade, `deadlines` variant, at 10x the chapter's rate:
+  requests in flight against Little's Law bound, and the API's memory;
+* ``memory``    KiB held per call hung on a silent server, bare vs `deadlines`.
+
+Each comparison alternates A (bare) and B (through deadlines) in one run, so machine
+noise hits both; the table gives medians (p50), p99, the B/A ratio (median of the
+per-round ratios) and its interquartile range. Servers and load generators run in
+their own processes. Results depend on the machine: benchmarks/README.md records one
+full run. ``--quick`` is a smoke test (about a minute) whose figures mean little.
 """
 
 from __future__ import annotations
@@ -15,54 +29,90 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Comparison, table
+from harness import Row, table
+
+SUITES = ("outbound", "inbound", "precision", "cascade", "memory")
+_PACKAGES = ("deadlines", "httpx", "httpcore", "aiohttp", "uvicorn", "starlette", "h11", "anyio")
 
 
-def _suites(quick: bool) -> dict[str, Callable[[], list[Comparison]]]:
-    import precision
+def _suite(name: str) -> Callable[[bool], Sequence[Row]]:
+    # Imported on demand: a suite's clients are loaded only when it runs.
+    if name == "outbound":
+        import outbound
 
-    reps = 40 if quick else 200
-    return {
-        "precision": lambda: [precision.scope_vs_asyncio(reps)],
-    }
+        return outbound.run
+    if name == "inbound":
+        import inbound
+
+        return inbound.run
+    if name == "precision":
+        import precision
+
+        return precision.run
+    if name == "cascade":
+        import inflight
+
+        return inflight.run
+    import memory
+
+    return memory.run
 
 
 def machine() -> dict[str, object]:
     """What the figures were measured on."""
+    versions: dict[str, str | None] = {}
+    for package in _PACKAGES:
+        try:
+            versions[package] = version(package)
+        except PackageNotFoundError:
+            versions[package] = None
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
         "cpus": os.cpu_count(),
+        "versions": versions,
         "when": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the selected suites and print (and optionally save) the table."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few repetitions (smoke test)")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
-    parser.add_argument("--only", nargs="*", help="run only these suites")
+    parser.add_argument("--only", nargs="*", choices=SUITES, help="run only these suites")
     args = parser.parse_args(argv)
-    suites = _suites(args.quick)
-    chosen = args.only or list(suites)
-    unknown = sorted(set(chosen) - set(suites))
-    if unknown:
-        parser.error(f"unknown suite(s): {', '.join(unknown)}; known: {', '.join(suites)}")
-    rows: list[Comparison] = []
+    chosen = args.only or list(SUITES)
+    info = machine()
+    rows: list[Row] = []
+    timings: dict[str, float] = {}
     for name in chosen:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         started = time.monotonic()
-        rows += suites[name]()
-        print(f"[bench] {name} done in {time.monotonic() - started:.1f} s", file=sys.stderr)
+        rows += _suite(name)(args.quick)
+        timings[name] = round(time.monotonic() - started, 1)
+        print(f"[bench] {name} done in {timings[name]} s", file=sys.stderr, flush=True)
+    info["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    print(
+        f"{info['when']}: {info['cpus']} CPUs, Python {info['python']},"
+        f" load average {info['load_average']} before, {info['load_average_after']} after"
+        f"{' (quick: smoke test only)' if args.quick else ''}"
+    )
     print(table(rows))
     if args.json:
-        payload = {"machine": machine(), "quick": args.quick, "rows": [r.to_json() for r in rows]}
+        payload = {
+            "machine": info,
+            "quick": args.quick,
+            "seconds": timings,
+            "rows": [r.to_json() for r in rows],
+        }
         args.json.write_text(json.dumps(payload, indent=2))
     return 0
 

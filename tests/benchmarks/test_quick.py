@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+PREFIXES = ("outbound ", "inbound", "firing:", "cascade x10:", "memory per hung call:")
 
 
 def test_quick_run_writes_every_row(tmp_path: Path) -> None:
-    """A quick run exits 0 and its JSON has a finite A and B for every comparison."""
+    """A quick run exits 0, covers every suite, and reports finite figures for every row."""
     out = tmp_path / "bench.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--json", str(out)],
@@ -22,9 +24,18 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
-    assert data["rows"], "no comparison ran"
+    assert data["quick"] is True
+    assert data["machine"]["cpus"] and data["machine"]["versions"]["httpx"]
+    names = [row["name"] for row in data["rows"]]
+    for prefix in PREFIXES:
+        assert any(name.startswith(prefix) for name in names), f"no {prefix!r} row in {names}"
     for row in data["rows"]:
-        assert row["a"]["n"] > 0
-        assert row["b"]["n"] > 0
-        assert row["ratio"] == row["ratio"]  # not NaN
+        if "ratio" in row:  # an A/B comparison
+            assert row["a"]["n"] > 0
+            assert row["b"]["n"] > 0
+            assert math.isfinite(row["ratio"]), row["name"]
+        else:  # a figure under a bound
+            assert row["value"]["n"] > 0
+            assert math.isfinite(row["value"]["max"]) and row["bound"] > 0
     assert "comparison" in proc.stdout
+    assert "bounded figure" in proc.stdout

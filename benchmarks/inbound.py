@@ -1,0 +1,149 @@
+"""Inbound overhead: a bare Starlette app against the same app with `DeadlineMiddleware`.
+
+Both apps run under uvicorn, each in its own process, started once; the load generator
+(benchmarks/loadgen.py, a third process) drives one of them at a time with N keep-alive
+connections on loopback, alternating A and B round by round so machine drift hits both.
+Per round: throughput, each request's latency, and the server's CPU time per request
+(from /proc, the most stable of the three on a shared machine). Every request carries
+``x-request-timeout-ms``, as a request from another `deadlines` hop would.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from harness import Child, Comparison, Summary, cpu_seconds, verdict_ratio
+
+CONNECTIONS = 32
+
+
+@dataclass
+class Round:
+    """What one server did in one round."""
+
+    rps: float
+    latencies_ms: list[float]
+    cpu_us: float  # server CPU per request
+    loadgen_cpu_share: float  # the generator's CPU seconds over the window
+
+
+def _round(loadgen: Child, server: Child, seconds: float, warmup: float) -> Round:
+    command: dict[str, Any] = {
+        "port": server.port,
+        "connections": CONNECTIONS,
+        "warmup": warmup,
+        "seconds": seconds,
+        "path": "/",
+        "headers": {"x-request-timeout-ms": "2000"},
+    }
+    cpu = cpu_seconds(server.pid)
+    answer = loadgen.ask(command, timeout=warmup + seconds + 30)
+    used = cpu_seconds(server.pid) - cpu
+    if answer["errors"] or not answer["requests"]:
+        raise RuntimeError(f"load round failed: {answer['errors']} errors, {answer['requests']} ok")
+    # The server's CPU covers the warm-up too: divide by everything it answered.
+    answered = answer["requests"] * (warmup + seconds) / seconds
+    return Round(
+        rps=answer["requests"] / seconds,
+        latencies_ms=[us / 1000 for us in answer["lat_us"]],
+        cpu_us=used / answered * 1e6,
+        loadgen_cpu_share=answer["cpu_s"] / seconds,
+    )
+
+
+def run(quick: bool) -> list[Comparison]:
+    """Throughput, latency and server CPU, bare vs middleware, in alternating rounds.
+
+    A third server runs the middleware with its caller-left watcher held off
+    (``watch_after=60``), to show what the watcher costs under load.
+    """
+    rounds, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
+    with (
+        Child("servers.py", "starlette") as bare,
+        Child("servers.py", "starlette", "--deadlines") as ours,
+        Child("servers.py", "starlette", "--deadlines", "--watch-after", "60") as unwatched,
+        Child("loadgen.py") as loadgen,
+    ):
+        servers = [bare, ours, unwatched]
+        for server in servers:  # warm up: imports, caches, first connections
+            _round(loadgen, server, 0.5, 0.2)
+        results: list[list[Round]] = [[], [], []]
+        for i in range(rounds):
+            order = [(i + k) % 3 for k in range(3)]  # each server goes first in turn
+            for k in order:
+                results[k].append(_round(loadgen, servers[k], seconds, warmup))
+    a, b, c = results
+    rows = _rows(a, b, "Starlette + DeadlineMiddleware", "inbound")
+    rows += _rows(a, c, "Starlette + DeadlineMiddleware(watch_after=60)", "inbound, no watcher")
+    for row in rows[len(rows) // 2 :]:
+        row.goal = "report"  # an ablation, not the goal: the watcher is on by default
+        row.passed = None
+    return rows
+
+
+def _rows(a: list[Round], b: list[Round], b_label: str, prefix: str) -> list[Comparison]:
+    labels = ("Starlette under uvicorn", b_label)
+    pairs = list(zip(a, b, strict=True))
+    notes = {
+        "connections": CONNECTIONS,
+        "loadgen_cpu_share_max": round(max(r.loadgen_cpu_share for r in a + b), 3),
+    }
+    throughput = Comparison(
+        f"{prefix}: throughput",
+        "requests/s",
+        *labels,
+        a=Summary.of([r.rps for r in a]),
+        b=Summary.of([r.rps for r in b]),
+        goal="ratio >= 0.95",
+        rounds=[y.rps / x.rps for x, y in pairs],
+        notes=notes,
+    )
+    latency = Comparison(
+        f"{prefix}: latency under load",
+        "latency ms",
+        *labels,
+        a=Summary.of([v for r in a for v in r.latencies_ms]),
+        b=Summary.of([v for r in b for v in r.latencies_ms]),
+        goal="ratio <= 1.05",
+        rounds=[
+            statistics.median(y.latencies_ms) / statistics.median(x.latencies_ms) for x, y in pairs
+        ],
+        notes=notes,
+    )
+    p99 = Comparison(
+        f"{prefix}: p99 latency per round",
+        "p99 ms",
+        *labels,
+        a=Summary.of([_p99(r.latencies_ms) for r in a]),
+        b=Summary.of([_p99(r.latencies_ms) for r in b]),
+        goal="ratio <= 1.05",
+        rounds=[_p99(y.latencies_ms) / _p99(x.latencies_ms) for x, y in pairs],
+        notes=notes,
+    )
+    cpu = Comparison(
+        f"{prefix}: server CPU per request",
+        "CPU µs per req",
+        *labels,
+        a=Summary.of([r.cpu_us for r in a]),
+        b=Summary.of([r.cpu_us for r in b]),
+        goal="report",
+        rounds=[y.cpu_us / x.cpu_us for x, y in pairs],
+        notes={
+            **notes,
+            "added_cpu_us": round(statistics.median(y.cpu_us - x.cpu_us for x, y in pairs), 1),
+        },
+    )
+    return [
+        verdict_ratio(throughput, at_least=0.95),
+        verdict_ratio(latency, at_most=1.05),
+        verdict_ratio(p99, at_most=1.05),
+        cpu,
+    ]
+
+
+def _p99(values: list[float]) -> float:
+    from harness import quantile
+
+    return quantile(values, 0.99)

@@ -1,0 +1,149 @@
+"""Servers the benchmarks call, each in its own process so it never shares the client's CPU.
+
+    python benchmarks/servers.py fast          # answers every GET at once: 200 "ok"
+    python benchmarks/servers.py silent        # reads requests, never answers
+    python benchmarks/servers.py starlette [--deadlines]   # uvicorn + a one-route app
+
+Each prints ``READY {"port": N}`` once it listens on 127.0.0.1 and runs until SIGTERM
+(or until its parent is gone). `fast` and `silent` are bare asyncio protocols, far
+cheaper per request than any client measured against them, so the client is what the
+figures measure. `silent` answers one path, ``GET /_hung``, with the number of
+connections it holds that sent a request and are still open (the memory benchmark
+waits for it). The lab's `deadlines.lab.servers` serve each connection from a thread
+that polls every 20 ms: right for tests, too costly with hundreds of hung connections.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import announce, exit_with_parent
+
+_OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
+
+
+def _listen() -> socket.socket:
+    # proto given explicitly: asyncio sets TCP_NODELAY on accepted sockets only when
+    # their proto is IPPROTO_TCP, and Nagle with delayed ACKs costs 40 ms per answer
+    # written in two pieces (uvicorn writes the head and the body separately).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4096)
+    return sock
+
+
+class _Fast(asyncio.Protocol):
+    """Keep-alive HTTP/1.1 for body-less requests: one fixed answer per request head."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.buffer = b""
+        sock = transport.get_extra_info("socket")
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        heads = self.buffer.count(b"\r\n\r\n")
+        if heads:
+            self.buffer = self.buffer.rsplit(b"\r\n\r\n", 1)[1]
+            self.transport.write(_OK * heads)
+
+
+class _Silent(asyncio.Protocol):
+    """Reads and keeps the connection open; answers only ``GET /_hung``."""
+
+    hung: set[_Silent] = set()  # noqa: RUF012 - one server per process
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        if b"\r\n\r\n" not in self.buffer:
+            return
+        if self.buffer.startswith(b"GET /_hung "):
+            body = str(len(self.hung)).encode()
+            head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            self.transport.write(head.encode() + body)
+            self.transport.close()
+            return
+        self.hung.add(self)
+        self.buffer = b""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.hung.discard(self)
+
+
+async def _serve_protocol(factory: Any) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    sock = _listen()
+    server = await loop.create_server(factory, sock=sock, backlog=4096)
+    announce({"port": sock.getsockname()[1]})
+    await stop.wait()
+    server.close()
+
+
+def starlette_app(*, with_deadlines: bool, watch_after: float | None = None) -> Any:
+    """One route, ``GET /`` → 200 "ok"; optionally wrapped in `DeadlineMiddleware`."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def home(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("ok")
+
+    middleware = []
+    if with_deadlines:
+        from deadlines.asgi import DeadlineMiddleware
+
+        options: dict[str, Any] = {} if watch_after is None else {"watch_after": watch_after}
+        middleware.append(Middleware(DeadlineMiddleware, default=2.0, maximum=10.0, **options))
+    return Starlette(routes=[Route("/", home)], middleware=middleware)
+
+
+def _serve_uvicorn(app: Any) -> None:
+    import uvicorn
+
+    sock = _listen()
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="off", loop="asyncio"
+    )
+    server = uvicorn.Server(config)
+    announce({"port": sock.getsockname()[1]})
+    asyncio.run(server.serve(sockets=[sock]))
+
+
+def main() -> None:
+    """Serve the chosen kind until SIGTERM."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=["fast", "silent", "starlette"])
+    parser.add_argument("--deadlines", action="store_true", help="starlette: add the middleware")
+    parser.add_argument("--watch-after", type=float, help="the middleware's watch_after (s)")
+    args = parser.parse_args()
+    exit_with_parent()
+    if args.kind == "fast":
+        asyncio.run(_serve_protocol(_Fast))
+    elif args.kind == "silent":
+        asyncio.run(_serve_protocol(_Silent))
+    else:
+        _serve_uvicorn(starlette_app(with_deadlines=args.deadlines, watch_after=args.watch_after))
+
+
+if __name__ == "__main__":
+    main()
