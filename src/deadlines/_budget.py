@@ -94,6 +94,7 @@ class CallBudget:
                         self.budget,
                         request_sent=False,
                         error=exc,
+                        started=False,
                     )
                 )
             raise exc
@@ -193,21 +194,23 @@ class CallBudget:
         if self._finished:
             return
         self._finished = True
-        if error is not None and _is_cancellation(error):
-            self._note_cut()
+        cut = error is not None and _is_cancellation(error) and self._note_cut()
         if not _events.active():
             return
         outcome: _events.CallOutcome
         phase: str | None = None
         limit: float | None = None
+        sent = self.request_sent or self.phase in ("headers", "body")
         if error is None:
             outcome = "ok"
         elif isinstance(error, BudgetExhausted):
             outcome = "budget_exhausted"
-        elif isinstance(error, DeadlineExceeded):
-            outcome, phase, limit = "deadline", error.phase, error.limit
-        elif isinstance(error, CallTimeout):
-            outcome, phase, limit = "timeout", error.phase, error.limit
+        elif isinstance(error, DeadlineExceeded | CallTimeout):
+            outcome = "deadline" if isinstance(error, DeadlineExceeded) else "timeout"
+            phase, limit = error.phase, error.limit
+            sent = sent if error.request_sent is None else error.request_sent
+        elif cut:
+            outcome, phase, limit = "deadline", self.phase, self.request_budget
         elif _is_cancellation(error):
             outcome = "cancelled"
         else:
@@ -220,20 +223,21 @@ class CallBudget:
                 self.budget,
                 phase=phase,
                 pool_wait=self.pool_wait,
-                request_sent=self.request_sent,
+                request_sent=sent,
                 limit=limit,
                 error=error,
             )
         )
 
-    def _note_cut(self) -> None:
+    def _note_cut(self) -> bool:
         """Tell the request's scope where this call was if its deadline cancelled it."""
         frame = self._frame
         # The loop's timer and our clock may disagree by a hair about the instant.
         if frame is None or frame.deadline.remaining() > _CUT_TOLERANCE:
-            return
+            return False
         sent = self.request_sent or self.phase in ("headers", "body")
         frame.cut.append(_scope.Cut(self.dependency.name, self.phase, sent, self.pool_wait))
+        return True
 
 
 def _is_cancellation(error: BaseException) -> bool:

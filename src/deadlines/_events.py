@@ -25,7 +25,12 @@ class CallStarted:
 
 @dataclass(frozen=True, slots=True)
 class CallFinished:
-    """An outbound call ended. `phase` is where a failure happened, `pool_wait` in seconds."""
+    """An outbound call ended. `phase` is where a failure happened, `pool_wait` in seconds.
+
+    `started` is False for a call refused before it began (fail-fast): no `CallStarted`
+    preceded it, so in-flight counts must not come down. A call that the request's
+    deadline cut short is reported as outcome ``"deadline"`` with the phase it was in.
+    """
 
     dependency: str
     outcome: CallOutcome
@@ -36,6 +41,7 @@ class CallFinished:
     request_sent: bool | None = None
     limit: float | None = None
     error: BaseException | None = None
+    started: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,7 +108,7 @@ class _Call:
         """The request is being sent: start the window for the response to begin."""
         if self.phase in ("pool", "connect"):
             self.phase, self.limit = "headers", "headers"
-            self.request_sent = True
+            self.request_sent = self.budget.request_sent = True
             self.headers_end = _clock.now() + self.budget.limit("headers")
 
     def begin_body(self) -> None:

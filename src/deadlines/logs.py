@@ -40,31 +40,6 @@ def _ms(seconds: float | None) -> str:
     return "?" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
-def _outcome(event: _events.CallFinished) -> str:
-    """A cancellation once the request's deadline passed is the deadline firing.
-
-    `deadlines.scope` stops the work under it by cancelling it, so a call cut short by
-    the request's deadline ends in a cancellation, with its phase unknown.
-    """
-    cancelled = event.outcome == "cancelled" or (
-        event.outcome == "error"
-        and event.error is not None
-        and not isinstance(event.error, Exception)  # trio's Cancelled
-    )
-    if cancelled and event.duration >= event.budget:
-        return "deadline"
-    return event.outcome
-
-
-def _request_sent(event: _events.CallFinished) -> bool | None:
-    """Whether the request was sent: the error's word first, as the most specific.
-
-    An integration may track sending itself and say so only in the error it raises.
-    """
-    sent = getattr(event.error, "request_sent", None)
-    return sent if isinstance(sent, bool) else event.request_sent
-
-
 class TimeoutLog:
     """Logs each timeout to `logger` at `level` until `uninstall`."""
 
@@ -76,13 +51,13 @@ class TimeoutLog:
     def _observe(self, event: _events.Event) -> None:
         if not isinstance(event, _events.CallFinished):
             return
-        outcome = _outcome(event)
+        outcome = event.outcome
         if outcome not in ("timeout", "deadline") or not self.logger.isEnabledFor(self.level):
             return
         what = "deadline exceeded" if outcome == "deadline" else "timeout"
         phase = event.phase or "unknown phase"
         pool = "" if event.pool_wait is None else f", pool wait {_ms(event.pool_wait)}"
-        request_sent = _request_sent(event)
+        request_sent = event.request_sent
         if request_sent is None:
             sent = "unknown whether the request was sent"
         elif request_sent:

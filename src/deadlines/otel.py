@@ -46,6 +46,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from . import __version__, _events, _validate
+from ._labels import OVERFLOW_LABEL, LabelGuard
 
 __all__ = ["DEFAULT_BUCKETS", "OVERFLOW_LABEL", "Telemetry", "install"]
 
@@ -66,13 +67,8 @@ DEFAULT_BUCKETS: Final[tuple[float, ...]] = (
     10.0,
     30.0,
 )
-#: The attribute value that stands for every value beyond `max_label_values`.
-OVERFLOW_LABEL: Final = "other"
 
 _PHASES: Final = frozenset({"pool", "connect", "headers", "body"})
-_CALL_OUTCOMES: Final = frozenset(
-    {"ok", "timeout", "deadline", "budget_exhausted", "cancelled", "error"}
-)
 _REQUEST_OUTCOMES: Final = frozenset({"ok", "deadline", "caller_left", "budget_exhausted", "error"})
 _FAILED: Final = frozenset({"timeout", "deadline", "budget_exhausted", "error"})
 _Attributes = dict[str, AttributeValue]
@@ -82,57 +78,6 @@ _Attributes = dict[str, AttributeValue]
 # same provider must reuse the first one's instruments and tallies.
 _by_provider: weakref.WeakKeyDictionary[MeterProvider, _Recorder] = weakref.WeakKeyDictionary()
 _by_provider_lock = threading.Lock()
-
-
-class _Labels:
-    """Admits at most `limit` distinct values of one attribute; later ones become "other"."""
-
-    def __init__(self, limit: int) -> None:
-        self._limit = limit
-        self._seen: set[str] = set()
-
-    def __call__(self, value: str) -> str:
-        if value in self._seen:
-            return value
-        if len(self._seen) < self._limit:
-            self._seen.add(value)
-            return value
-        return OVERFLOW_LABEL
-
-
-def _started(event: _events.CallFinished) -> bool:
-    """Whether a `CallStarted` preceded this event (a fail-fast has none).
-
-    `CallBudget` reports a fail-fast from its constructor, before raising: that error
-    has no traceback yet.
-    """
-    if event.outcome != "budget_exhausted":
-        return True
-    return event.error is not None and event.error.__traceback__ is not None
-
-
-def _outcome(event: _events.CallFinished) -> str:
-    """The outcome to report: a cancellation once the request's deadline passed is "deadline".
-
-    `deadlines.scope` stops the work under it by cancelling it, so a call cut short by
-    the request's deadline ends in a cancellation (its phase then unknown). A
-    cancellation `CallBudget` cannot name (trio's) is a cancellation, not an error.
-    """
-    outcome = event.outcome if event.outcome in _CALL_OUTCOMES else "error"
-    if outcome == "error" and event.error is not None and not isinstance(event.error, Exception):
-        outcome = "cancelled"
-    if outcome == "cancelled" and event.duration >= event.budget:
-        outcome = "deadline"
-    return outcome
-
-
-def _request_sent(event: _events.CallFinished) -> bool | None:
-    """Whether the request was sent: the error's word first, as the most specific.
-
-    An integration may track sending itself and say so only in the error it raises.
-    """
-    sent = getattr(event.error, "request_sent", None)
-    return sent if isinstance(sent, bool) else event.request_sent
 
 
 class _Tally:
@@ -214,9 +159,9 @@ class _Recorder:
         self.pool_wait = histogram("deadlines.outbound.pool_wait", "Waiting for a connection.")
         self.budget = histogram("deadlines.outbound.budget", "Budget left at a call's start.")
         self.inbound_budget = histogram("deadlines.inbound.budget", "Budget on arrival.")
-        self._dependency = _Labels(limit)
-        self._route = _Labels(limit)
-        self._queue = _Labels(limit)
+        self._dependency = LabelGuard("dependency", limit)
+        self._route = LabelGuard("route", limit)
+        self._queue = LabelGuard("queue", limit)
         self._attrs: dict[tuple[str, ...], _Attributes] = {}
 
     def attach(self, telemetry: Telemetry, tracer: Tracer, call_spans: bool) -> None:
@@ -245,7 +190,7 @@ class _Recorder:
         if isinstance(event, _events.CallStarted):
             self.calls_in_flight.add((self._dependency(event.dependency),))
         elif isinstance(event, _events.CallFinished):
-            outcome = _outcome(event)
+            outcome = event.outcome
             self._call_metrics(event, outcome)
             span = trace.get_current_span()
             if span.is_recording():
@@ -271,7 +216,7 @@ class _Recorder:
 
     def _call_metrics(self, event: _events.CallFinished, outcome: str) -> None:
         dep = self._dependency(event.dependency)
-        if _started(event):
+        if event.started:
             self.calls_in_flight.add((dep,), -1)
         self.calls.add((dep, outcome))
         self.duration.record(event.duration, self._a("dependency", dep, "outcome", outcome))
@@ -298,7 +243,7 @@ class _Recorder:
                 attrs["deadlines.phase"] = event.phase
             if event.limit is not None:
                 attrs["deadlines.limit"] = event.limit
-            sent = _request_sent(event)
+            sent = event.request_sent
             if sent is not None:
                 attrs["deadlines.request_sent"] = sent
         if outcome in ("timeout", "deadline"):
@@ -307,7 +252,7 @@ class _Recorder:
                     "deadlines.timeout.dependency": event.dependency,
                     "deadlines.timeout.phase": event.phase or "unknown",
                     "deadlines.timeout.pool_wait": event.pool_wait or 0.0,
-                    "deadlines.timeout.request_sent": bool(_request_sent(event)),
+                    "deadlines.timeout.request_sent": bool(event.request_sent),
                 }
             )
         if not self._call_spans:

@@ -32,7 +32,6 @@ folds any further ones into ``"other"`` (with one warning on the "deadlines" log
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -46,6 +45,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
 from . import _events, _validate
+from ._labels import OVERFLOW_LABEL, LabelGuard
 
 __all__ = ["DEFAULT_BUCKETS", "OVERFLOW_LABEL", "Metrics", "install"]
 
@@ -67,71 +67,9 @@ DEFAULT_BUCKETS: Final[tuple[float, ...]] = (
     30.0,
 )
 
-#: The label value that stands for every value beyond `max_label_values`.
-OVERFLOW_LABEL: Final = "other"
 
 _PHASES: Final = frozenset({"pool", "connect", "headers", "body"})
-_CALL_OUTCOMES: Final = frozenset(
-    {"ok", "timeout", "deadline", "budget_exhausted", "cancelled", "error"}
-)
 _REQUEST_OUTCOMES: Final = frozenset({"ok", "deadline", "caller_left", "budget_exhausted", "error"})
-_log = logging.getLogger("deadlines")
-
-
-class _Labels:
-    """Admits at most `limit` distinct values of one label; later ones become "other"."""
-
-    def __init__(self, kind: str, limit: int) -> None:
-        self._kind = kind
-        self._limit = limit
-        self._seen: set[str] = set()
-        self._warned = False
-
-    def __call__(self, value: str) -> str:
-        if value in self._seen:
-            return value
-        if len(self._seen) < self._limit:
-            self._seen.add(value)
-            return value
-        if not self._warned:
-            self._warned = True
-            _log.warning(
-                "deadlines metrics: more than %d distinct %s label values; folding %r and"
-                " later ones into %r (use a name or route template, not a URL or path)",
-                self._limit,
-                self._kind,
-                value,
-                OVERFLOW_LABEL,
-            )
-        return OVERFLOW_LABEL
-
-
-def _started(event: _events.CallFinished) -> bool:
-    """Whether a `CallStarted` preceded this event (so in-flight must come down).
-
-    `CallBudget` reports a fail-fast from its constructor, before raising and without
-    a `CallStarted`: that event's error has no traceback yet. A call that ran out of
-    budget later inside the ``with`` block reports an error that was raised.
-    """
-    if event.outcome != "budget_exhausted":
-        return True
-    return event.error is not None and event.error.__traceback__ is not None
-
-
-def _outcome(event: _events.CallFinished) -> str:
-    """The outcome to count, with cancellations told apart from errors and deadlines.
-
-    `deadlines.scope` stops the work under it by cancelling it, so a call that the
-    request's deadline cut short ends with a cancellation, not a `DeadlineExceeded`:
-    count it as "deadline" when the deadline had passed (its phase is then unknown).
-    A cancellation that `CallBudget` cannot name (trio's) is a cancellation, not an error.
-    """
-    outcome = event.outcome if event.outcome in _CALL_OUTCOMES else "error"
-    if outcome == "error" and event.error is not None and not isinstance(event.error, Exception):
-        outcome = "cancelled"
-    if outcome == "cancelled" and event.duration >= event.budget:
-        outcome = "deadline"
-    return outcome
 
 
 class _Group(Collector):
@@ -266,9 +204,9 @@ class Metrics:
                 self.jobs_expired,
             ]
         )
-        self._dependency = _Labels("dependency", max_label_values)
-        self._route = _Labels("route", max_label_values)
-        self._queue = _Labels("queue", max_label_values)
+        self._dependency = LabelGuard("dependency", max_label_values)
+        self._route = LabelGuard("route", max_label_values)
+        self._queue = LabelGuard("queue", max_label_values)
         self._lock = threading.Lock()
         # Labelled children per dependency and route, so an event costs one dict lookup.
         self._outbound: dict[str, _Outbound] = {}
@@ -328,8 +266,8 @@ class Metrics:
 
     def _call_finished(self, event: _events.CallFinished) -> None:
         dep = self._dependency_children(event.dependency)
-        outcome = _outcome(event)
-        if _started(event):
+        outcome = event.outcome
+        if event.started:
             dep.move(-1)
         calls, duration = dep.by_outcome(outcome)
         calls.inc()

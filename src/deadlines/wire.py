@@ -111,11 +111,16 @@ def _pairs(headers: HeadersLike) -> Iterable[Any]:
 
 
 def _split(value: object) -> list[str | bytes]:
-    # A proxy may fold repeated headers into one, comma-separated.
+    """The elements of a header value; a proxy may fold repeats into one comma list.
+
+    Only list elements lose their surrounding spaces (RFC 9110 list syntax); a lone
+    value is taken as it is, so " 100" stays invalid.
+    """
     if isinstance(value, bytes | bytearray):
-        return [part.strip() for part in bytes(value).split(b",")]
+        raw = bytes(value)
+        return [p.strip(b" \t") for p in raw.split(b",")] if b"," in raw else [raw]
     if isinstance(value, str):
-        return [part.strip() for part in value.split(",")]
+        return [p.strip(" \t") for p in value.split(",")] if "," in value else [value]
     return []
 
 
