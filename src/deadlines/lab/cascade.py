@@ -79,7 +79,8 @@ async def _sample(
 
 
 async def _drive(p: Params, api: str, downstream: str) -> tuple[LoadRun, list[list[float]], int]:
-    timeout_none = aiohttp.ClientTimeout(total=None)
+    # The no-timeout variant, on purpose.
+    timeout_none = aiohttp.ClientTimeout(total=None)  # deadlines: ignore[DLN101]
     checkout_timeout = aiohttp.ClientTimeout(total=p.checkout_timeout)
     checkout_headers = {"x-request-timeout-ms": str(round(p.checkout_timeout * 1000))}
     load = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout_none)
