@@ -8,6 +8,7 @@ import sys
 import time
 from collections.abc import Iterator
 
+import anyio
 import pytest
 import tenacity
 from outbound_helpers import LATE, eventually
@@ -107,7 +108,8 @@ def test_post_timing_out_in_headers_is_not_retried() -> None:
     with SilentServer() as server, dhttpx.Client(DEP) as client:
         with pytest.raises(HeadersTimeout):
             client.post(server.url, content=b"charge")
-        time.sleep(0.1)
+        assert server.wait_requests(1)
+        time.sleep(0.2)  # a second attempt, if any, would have arrived by now
         assert len(server.requests) == 1
 
 
@@ -129,7 +131,8 @@ def test_post_with_a_streamed_body_is_not_replayed() -> None:
     with SilentServer() as server, dhttpx.Client(DEP) as client:
         with pytest.raises(HeadersTimeout):
             client.post(server.url, content=body(), headers={"Idempotency-Key": "k1"})
-        time.sleep(0.1)
+        assert server.wait_requests(1)
+        time.sleep(0.2)  # a replay, if any, would have arrived by now
         assert len(server.requests) == 1
 
 
@@ -205,6 +208,9 @@ async def test_aiohttp_post_connect_failure_retried_headers_failure_not() -> Non
             assert await eventually(lambda: tls.opened == 3)
             with pytest.raises(HeadersTimeout):
                 await http.post(silent.url, data=b"charge")
+            # Every attempt happened before the call raised; the server may record late.
+            assert await eventually(lambda: len(silent.requests) >= 1)
+            await anyio.sleep(0.2)
             assert len(silent.requests) == 1
             with pytest.raises(HeadersTimeout):
                 await http.post(silent.url, data=b"charge", headers={"Idempotency-Key": "k"})
