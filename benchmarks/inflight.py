@@ -104,14 +104,14 @@ async def _drive(
     }
 
 
-def measure(duration: float, every: float) -> dict[str, Any]:
-    """Start the downstream and the API (`deadlines` variant), load them, return figures."""
+def measure(duration: float, every: float, variant: str = "deadlines") -> dict[str, Any]:
+    """Start the downstream and the API (`variant`), load them, return the figures."""
     with Processes() as procs:
         down, api = procs.start_all(
             [
                 ("cascade_downstream", ["--price-ms", "5"]),
                 ("cascade_api", [
-                    "--variant", "deadlines",
+                    "--variant", variant,
                     "--pool-size", str(POOL),
                     "--recs-timeout", str(RECS_LIMIT),
                     "--home-deadline", str(HOME_DEADLINE),
