@@ -134,29 +134,13 @@ def renamed(pairs: Iterable[tuple[bytes, bytes]], header: bytes) -> list[tuple[b
     return out
 
 
-_GRPC_NAMES = (wire.GRPC_HEADER, wire.GRPC_HEADER.encode())
-
-
 def budget(found: Iterable[tuple[Any, Any]], limits: Limits, reserve: float) -> float:
     """Seconds for the request: min(header, maximum) or default, minus reserve; >= 0.
 
-    `found` holds only the deadline headers (name, value) already picked out of the
-    request, names lower-case, str or bytes. Same rules as `wire.inbound_budget`
-    (a test holds them equal), without its generic header lookup on the hot path.
+    `found` holds the deadline headers (name, value) already picked out of the
+    request, so the scan is short; the rules are `wire.header_budget`'s.
     """
-    best: float | None = None
-    for name, value in found:
-        parse = wire.parse_grpc_timeout if name in _GRPC_NAMES else wire.parse_ms
-        if isinstance(value, bytes | bytearray):
-            parts: list[Any] = [part.strip() for part in bytes(value).split(b",")]
-        elif isinstance(value, str):
-            parts = [part.strip() for part in value.split(",")]
-        else:
-            continue
-        for part in parts:
-            seconds = parse(part)
-            if seconds is not None and (best is None or seconds < best):
-                best = seconds
+    best = wire.header_budget(found)
     chosen = limits.default if best is None else min(best, limits.maximum)
     return max(0.0, chosen - reserve)
 
