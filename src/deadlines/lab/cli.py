@@ -4,6 +4,7 @@ Bare `deadlines lab` runs them all (about two minutes) and writes one Markdown r
 with tables and pictures. Each experiment prints tables like the chapter's; `--json`
 writes its figures, `--plot` a PNG, `--quick` a short version. The chapter's numbers
 are only the defaults: every duration, rate, budget and pool size is a flag.
+`deadlines lab slow-server --sim` runs the simulated twin with the same flags.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ EXPERIMENTS: dict[str, str] = {
     "chain": "deadlines.lab.chain",
     "slow-server": "deadlines.lab.slow_server",
 }
+
+
+#: experiment -> its simulated twin in `deadlines.sim` (`deadlines lab NAME --sim`)
+SIMULATED: dict[str, str] = {"slow-server": "lab_slow_server"}
 
 
 def experiment(name: str) -> ModuleType:
@@ -90,6 +95,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="all: where the Markdown report goes (PNGs beside it)",
     )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress display")
+    parser.add_argument(
+        "--sim", action="store_true",
+        help="slow-server: simulate it (deadlines.sim) with the same flags, no processes",
+    )  # fmt: skip
     _FLAGS.clear()
     g = parser.add_argument_group("defaults")
     _flag(g, "defaults", "cap", float, "seconds a case may run before '> cap' (15)")
@@ -150,12 +159,32 @@ def params_for(name: str, args: argparse.Namespace) -> Any:
         raise SystemExit(f"deadlines lab {name}: {exc}") from exc
 
 
+def simulate(name: str, params: Any) -> dict[str, Any]:
+    """Experiment `name`'s simulated twin (`deadlines.sim`), fed the same Params.
+
+    Returns the experiment's JSON shape with ``"simulated": true``; no process starts.
+    """
+    from deadlines import sim
+
+    twin = getattr(sim, SIMULATED[name])
+    fields = {f.name: getattr(params, f.name) for f in dataclasses.fields(params)}
+    result: dict[str, Any] = twin(**fields)
+    return result
+
+
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # unwinds through every `with Processes()`: children stopped
 
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen experiment(s); returns the exit code."""
+    if getattr(args, "sim", False) and args.experiment not in SIMULATED:
+        print(
+            f"deadlines lab {args.experiment}: --sim is for {', '.join(SIMULATED)} only "
+            "(the cascade and chain have scenarios: deadlines sim examples/sim/...)",
+            file=sys.stderr,
+        )
+        return 2
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     progress = Progress(quiet=args.quiet)
     try:
@@ -174,7 +203,11 @@ def _run_one(name: str, args: argparse.Namespace, progress: Progress) -> int:
 
     module = experiment(name)
     params = params_for(name, args)
-    result = module.run(params, progress)
+    if getattr(args, "sim", False):
+        with progress.step(f"{name} (simulated)", 1.0):
+            result = simulate(name, params)
+    else:
+        result = module.run(params, progress)
     for table in module.tables(result):
         print(table.text())
         print()

@@ -8,6 +8,10 @@ Policies: ``round_robin``, ``least_outstanding`` (fewest requests in flight from
 balancer), and either one with ``+deadlines``: each request carries its budget
 (`x-request-timeout-ms`), the client stops at it (`deadlines.scope`), and the backends
 drop work whose deadline passed or whose client left.
+
+`deadlines lab slow-server --sim` runs its simulated twin instead
+(`deadlines.sim.lab_slow_server`, same parameters, same JSON plus ``"simulated": true``);
+`tables` and `plot` mark such a result as simulated.
 """
 
 from __future__ import annotations
@@ -235,8 +239,10 @@ def run(p: Params, progress: Progress) -> dict[str, Any]:
 def tables(result: dict[str, Any]) -> list[report.Table]:
     """One row per policy."""
     p = result["params"]
+    simulated = bool(result.get("simulated"))
     table = report.Table(
-        f"slow-server: {p['servers']} backends, {p['rate']:g} req/s; backend 1 becomes "
+        f"slow-server{' (simulated)' if simulated else ''}: {p['servers']} backends, "
+        f"{p['rate']:g} req/s; backend 1 becomes "
         f"{p['slow_factor']:g}× slower at {p['slow_at']:g} s but stays healthy",
         ["policy", "p50 after", "p99 after", "ok after", "sent to slow one",
          "queue max per backend", "work for nobody", "shed", "rate achieved"],
@@ -259,6 +265,11 @@ def tables(result: dict[str, Any]) -> list[report.Table]:
         "Latencies count failures at the time they failed (unanswered: the whole limit). "
         "'work for nobody': requests a backend served after the client had left."
     )
+    if simulated:
+        table.note += (
+            f" Simulated by deadlines.sim (seed {result.get('seed')}): no process was "
+            "started, and no time is spent on the wire."
+        )
     return [table]
 
 
@@ -286,5 +297,6 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         bottom.set_xlabel("seconds")
         bottom.set_ylabel("queue (waiting + in service)")
         bottom.legend(fontsize=8)
-    fig.suptitle("slow-server: one backend becomes slower but stays healthy")
+    simulated = " (simulated)" if result.get("simulated") else ""
+    fig.suptitle(f"slow-server{simulated}: one backend becomes slower but stays healthy")
     return report.save_figure(fig, path)

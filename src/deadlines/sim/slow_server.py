@@ -11,7 +11,7 @@ default, written out.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -141,8 +141,10 @@ def lab_slow_server(
     {POLICY: {"latency_series": [[t, p50_ms, p99_ms]], "queue_series": [[[t, n]]],
     "ok", "failed", "p50_ms_after_slowdown", "p99_ms_after_slowdown",
     "ok_pct_after_slowdown", "share_sent_to_slow_pct", "queue_max", "served",
-    "wasted", "dropped", "load"}}}`` where windows are by send time and queues count
-    queued plus running requests per backend.
+    "wasted", "dropped", "load": {"req": {"requested_per_s", "achieved_per_s",
+    "error_pct", "sent"}, "max_start_lateness_ms"}}}}`` where windows are by send time,
+    queues count queued plus running requests per backend, and `served` counts every
+    completed request (`wasted` ones included), as the lab's backends do.
     """
     policies = tuple(policies)
     variants: dict[str, Any] = {}
@@ -158,12 +160,14 @@ def lab_slow_server(
         variants[policy.replace("+", "_")] = {
             "services": {"backend": service},
             "load": [{"name": "req", "to": "backend/work", "rate": rate, **load}],
+            # The lab reads the backends' counters once every client has its answer or
+            # gave up: the run ends one client limit after the load.
+            "drain": load["timeout"],
         }
-    limit = max(client_timeout, request_deadline)
     data: dict[str, Any] = {
         "name": "slow-server",
         "duration": run_for,
-        "drain": limit + 0.5,
+        "drain": max(client_timeout, request_deadline),
         "sample": sample_every,
         "window": window,
         "services": {
@@ -243,13 +247,25 @@ def _lab_figures(sim: Simulation, slow_at: float) -> dict[str, Any]:
         "ok_pct_after_slowdown": round(100.0 * ok_after / max(1, len(after)), 1),
         "share_sent_to_slow_pct": round(100.0 * servers[1].requests / max(1, stats.requests), 1),
         "queue_max": [max((n for _, n in q), default=0) for q in queues],
-        "served": [s.served for s in servers],
+        "served": [s.served + s.wasted for s in servers],
         "wasted": [s.wasted for s in servers],
         "dropped": [s.dropped for s in servers],
-        "load": {
-            "requested_rate": model.loads[0].rate,
-            "achieved_rate": round(stats.requests / model.duration, 3),
+        "load": _rate_report(model.loads[0].rate, sent, model.duration),
+    }
+
+
+def _rate_report(rate: float, sent: Sequence[float], duration: float) -> dict[str, Any]:
+    """The lab's `LoadRun.rate_report` shape: achieved rate over the span of the starts."""
+    span = max(sent) - min(sent) if len(sent) > 1 else 0.0
+    achieved = (len(sent) - 1) / span if span > 0 else len(sent) / duration
+    return {
+        "req": {
+            "requested_per_s": rate,
+            "achieved_per_s": round(achieved, 3),
+            "error_pct": round(100.0 * (achieved - rate) / rate, 3),
+            "sent": len(sent),
         },
+        "max_start_lateness_ms": 0.0,  # simulated clients start on the instant
     }
 
 
