@@ -36,13 +36,10 @@ from .postgres import (
     POSTGRES,
     Finding,
     Limits,
-    Overrun,
     acquire_within,
-    budget_error,
-    expired,
     findings,
+    guarded,
     plan,
-    translate,
     within,
 )
 
@@ -107,7 +104,9 @@ async def transaction(
             begun = conn.transaction(isolation=isolation, readonly=readonly, deferrable=deferrable)
             tx = _Tx(conn, begun)
             limits = await _begin(tx, budget, lock_timeout, reserve_s, check_interval, grace)
-            async with _guarded(tx, limits, grace):
+            async with guarded(
+                limits, grace, commit=tx.commit, rollback=lambda: _rollback(tx, grace)
+            ):
                 yield conn
         finally:
             if pool is not None:
@@ -168,38 +167,6 @@ async def _begin(
         await _rollback(tx, grace)
         raise
     return limits
-
-
-@asynccontextmanager
-async def _guarded(tx: _Tx, limits: Limits, grace: float) -> AsyncIterator[None]:
-    """Run the body; commit, or roll back within `grace` and translate the error."""
-    budget = limits.budget
-    watch = Overrun(budget.end, grace)
-    try:
-        yield
-    except Exception as exc:
-        watch.disarm()
-        await _rollback(tx, grace)
-        mapped = translate(exc, limits)
-        if mapped is not None:
-            raise mapped from exc
-        raise
-    except BaseException:  # cancelled: the deadline fired or the caller left
-        watch.disarm()
-        await _rollback(tx, grace)
-        raise
-    watch.disarm()
-    if expired(budget):  # the caller has given up: commit nothing
-        await _rollback(tx, grace)
-        raise budget_error(budget)
-    try:
-        await tx.commit()
-    except BaseException as exc:
-        await _rollback(tx, grace)
-        mapped = translate(exc, limits)
-        if mapped is not None:
-            raise mapped from exc
-        raise
 
 
 async def _rollback(tx: _Tx, grace: float) -> None:

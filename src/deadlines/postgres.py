@@ -22,7 +22,8 @@ import argparse
 import asyncio
 import contextlib
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, Protocol, TypeVar
@@ -603,3 +604,42 @@ def run(args: argparse.Namespace) -> int:
 def settings_map(rows: Iterable[Sequence[Any]]) -> Mapping[str, str]:
     """Setting name -> value from `AUDIT_SQL` rows (for tests and tooling)."""
     return {str(r[0]): str(r[1]) for r in rows}
+
+
+@asynccontextmanager
+async def guarded(
+    limits: Limits,
+    grace: float,
+    *,
+    commit: Callable[[], Awaitable[object]],
+    rollback: Callable[[], Awaitable[None]],
+) -> AsyncIterator[None]:
+    """Run a transaction's body: commit at the end, or roll back and say why.
+
+    The body's Postgres errors are translated to the taxonomy; a cancellation (the
+    deadline fired or the caller left) rolls back and propagates; a body that ends
+    after the deadline commits nothing. `rollback` must itself be bounded by `grace`.
+    """
+    budget = limits.budget
+    watch = Overrun(budget.end, grace)
+    try:
+        yield
+    except BaseException as exc:
+        watch.disarm()
+        await rollback()
+        mapped = translate(exc, limits) if isinstance(exc, Exception) else None
+        if mapped is not None:
+            raise mapped from exc
+        raise
+    watch.disarm()
+    if expired(budget):  # the caller has given up: commit nothing
+        await rollback()
+        raise budget_error(budget)
+    try:
+        await commit()
+    except BaseException as exc:
+        await rollback()
+        mapped = translate(exc, limits) if isinstance(exc, Exception) else None
+        if mapped is not None:
+            raise mapped from exc
+        raise

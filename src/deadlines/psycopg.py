@@ -46,11 +46,11 @@ from .postgres import (
     POSTGRES,
     Finding,
     Limits,
-    Overrun,
     acquire_within,
     budget_error,
     expired,
     findings,
+    guarded,
     plan,
     translate,
     within,
@@ -125,7 +125,9 @@ async def transaction(
             conn = conn_or_pool
         try:
             limits = await _abegin(conn, budget, lock_timeout, reserve_s, check_interval, grace)
-            async with _aguarded(conn, limits, grace):
+            async with guarded(
+                limits, grace, commit=conn.commit, rollback=lambda: _arollback(conn, grace)
+            ):
                 yield conn
         finally:
             if pool is not None:
@@ -150,37 +152,6 @@ async def _abegin(
         await _arollback(conn, grace)
         raise
     return limits
-
-
-@asynccontextmanager
-async def _aguarded(conn: AnyAsyncConnection, limits: Limits, grace: float) -> AsyncIterator[None]:
-    budget = limits.budget
-    watch = Overrun(budget.end, grace)
-    try:
-        yield
-    except Exception as exc:
-        watch.disarm()
-        await _arollback(conn, grace)
-        mapped = translate(exc, limits)
-        if mapped is not None:
-            raise mapped from exc
-        raise
-    except BaseException:  # cancelled: the deadline fired or the caller left
-        watch.disarm()
-        await _arollback(conn, grace)
-        raise
-    watch.disarm()
-    if expired(budget):  # the caller has given up: commit nothing
-        await _arollback(conn, grace)
-        raise budget_error(budget)
-    try:
-        await conn.commit()
-    except Exception as exc:
-        await _arollback(conn, grace)
-        mapped = translate(exc, limits)
-        if mapped is not None:
-            raise mapped from exc
-        raise
 
 
 async def _arollback(conn: AnyAsyncConnection, grace: float) -> None:
