@@ -36,7 +36,6 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from itertools import pairwise
 from types import TracebackType
 from typing import Final
 
@@ -45,31 +44,18 @@ from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Obs
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
-from . import __version__, _events, _validate
-from ._labels import OVERFLOW_LABEL, LabelGuard
+from . import __version__, _events
+from ._export import (
+    DEFAULT_BUCKETS,
+    OVERFLOW_LABEL,
+    PHASES,
+    REQUEST_OUTCOMES,
+    LabelGuard,
+    bucket_bounds,
+)
 
 __all__ = ["DEFAULT_BUCKETS", "OVERFLOW_LABEL", "Telemetry", "install"]
 
-#: Histogram bucket bounds in seconds (the same as `deadlines.prometheus`).
-DEFAULT_BUCKETS: Final[tuple[float, ...]] = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-)
-
-_PHASES: Final = frozenset({"pool", "connect", "headers", "body"})
-_REQUEST_OUTCOMES: Final = frozenset({"ok", "deadline", "caller_left", "budget_exhausted", "error"})
 _FAILED: Final = frozenset({"timeout", "deadline", "budget_exhausted", "error"})
 _Attributes = dict[str, AttributeValue]
 
@@ -225,7 +211,7 @@ class _Recorder:
         if math.isfinite(event.budget):
             self.budget.record(event.budget, self._a("dependency", dep))
         if outcome in ("timeout", "deadline"):
-            self.timeouts.add((dep, event.phase if event.phase in _PHASES else "unknown"))
+            self.timeouts.add((dep, event.phase if event.phase in PHASES else "unknown"))
         elif outcome == "budget_exhausted":
             self.fail_fast.add((dep,))
 
@@ -272,7 +258,7 @@ class _Recorder:
 
     def _request_finished(self, event: _events.RequestFinished) -> None:
         route = self._route(event.route)
-        outcome = event.outcome if event.outcome in _REQUEST_OUTCOMES else "error"
+        outcome = event.outcome if event.outcome in REQUEST_OUTCOMES else "error"
         self.requests_in_flight.add((route,), -1)
         self.requests.add((route, outcome))
         if outcome == "caller_left":
@@ -345,7 +331,7 @@ def install(
     if max_label_values < 1:
         raise ValueError(f"max_label_values must be >= 1, got {max_label_values}")
     provider = metrics.get_meter_provider() if meter_provider is None else meter_provider
-    bounds = _buckets(buckets)
+    bounds = bucket_bounds(buckets)
     tracer = trace.get_tracer("deadlines", __version__, tracer_provider)
     with _by_provider_lock:
         recorder = _by_provider.get(provider)
@@ -365,15 +351,3 @@ def install(
         recorder.attach(telemetry, tracer, call_spans)
     telemetry._unsubscribe = _events.observe(recorder.observe)
     return telemetry
-
-
-def _buckets(values: Sequence[float | timedelta]) -> tuple[float, ...]:
-    """Validated, strictly increasing bucket bounds in seconds."""
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise TypeError(f"buckets must be a sequence of seconds, not {values!r}")
-    bounds = tuple(_validate.seconds(v, "each bucket", allow_zero=False) for v in values)
-    if not bounds:
-        raise ValueError("buckets must not be empty")
-    if any(b >= c for b, c in pairwise(bounds)):
-        raise ValueError(f"buckets must be strictly increasing, got {bounds}")
-    return bounds

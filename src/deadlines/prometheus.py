@@ -36,40 +36,24 @@ import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from itertools import pairwise
 from types import TracebackType
-from typing import Any, Final
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
-from . import _events, _validate
-from ._labels import OVERFLOW_LABEL, LabelGuard
-
-__all__ = ["DEFAULT_BUCKETS", "OVERFLOW_LABEL", "Metrics", "install"]
-
-#: Histogram buckets in seconds: from a 1 ms pool wait up to the default 30 s total cap.
-DEFAULT_BUCKETS: Final[tuple[float, ...]] = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
+from . import _events
+from ._export import (
+    DEFAULT_BUCKETS,
+    OVERFLOW_LABEL,
+    PHASES,
+    REQUEST_OUTCOMES,
+    LabelGuard,
+    bucket_bounds,
 )
 
-
-_PHASES: Final = frozenset({"pool", "connect", "headers", "body"})
-_REQUEST_OUTCOMES: Final = frozenset({"ok", "deadline", "caller_left", "budget_exhausted", "error"})
+__all__ = ["DEFAULT_BUCKETS", "OVERFLOW_LABEL", "Metrics", "install"]
 
 
 class _Group(Collector):
@@ -257,7 +241,7 @@ class Metrics:
         elif isinstance(event, _events.RequestFinished):
             route = self._route_children(event.route)
             route.move(-1)
-            outcome = event.outcome if event.outcome in _REQUEST_OUTCOMES else "error"
+            outcome = event.outcome if event.outcome in REQUEST_OUTCOMES else "error"
             route.requests(outcome).inc()
             if outcome == "caller_left":
                 route.caller_left.inc()
@@ -277,7 +261,7 @@ class Metrics:
         if math.isfinite(event.budget):
             dep.budget.observe(event.budget)
         if outcome in ("timeout", "deadline"):
-            dep.timeouts(event.phase if event.phase in _PHASES else "unknown").inc()
+            dep.timeouts(event.phase if event.phase in PHASES else "unknown").inc()
         elif outcome == "budget_exhausted":
             dep.fail_fast.inc()
 
@@ -395,20 +379,8 @@ def install(
         raise ValueError(f"max_label_values must be >= 1, got {max_label_values}")
     metrics = Metrics(
         REGISTRY if registry is None else registry,
-        buckets=_buckets(buckets),
+        buckets=bucket_bounds(buckets),
         max_label_values=max_label_values,
     )
     metrics._start()
     return metrics
-
-
-def _buckets(values: Sequence[float | timedelta]) -> tuple[float, ...]:
-    """Validated, strictly increasing bucket bounds in seconds."""
-    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
-        raise TypeError(f"buckets must be a sequence of seconds, not {values!r}")
-    bounds = tuple(_validate.seconds(v, "each bucket", allow_zero=False) for v in values)
-    if not bounds:
-        raise ValueError("buckets must not be empty")
-    if any(b >= c for b, c in pairwise(bounds)):
-        raise ValueError(f"buckets must be strictly increasing, got {bounds}")
-    return bounds
