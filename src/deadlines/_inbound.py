@@ -147,7 +147,11 @@ def budget(found: Iterable[tuple[Any, Any]], limits: Limits, reserve: float) -> 
 
 def binding_limit(headers: wire.HeadersLike, limits: Limits, header: str) -> str:
     """Which limit set the budget: the header's name, "route maximum" or "route default"."""
-    found = wire.header_budget(headers)
+    return limit_name(wire.header_budget(headers), limits, header)
+
+
+def limit_name(found: float | None, limits: Limits, header: str) -> str:
+    """`binding_limit` from the header value already found (None when none was valid)."""
     if found is None:
         return "route default"
     return "route maximum" if found > limits.maximum else header

@@ -51,6 +51,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _log = logging.getLogger("deadlines.asgi")
 _JSON_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
 _ROUTE_CACHE_SIZE = 1024
+_OUR_HEADER = wire.HEADER.encode()
+_MAX_MS_DIGITS = 12  # as `wire.parse_ms`: longer is garbage, not a budget
+_NO_WAITERS: list[Any] = []  # shared empty list: never appended to
 
 
 class DeadlineMiddleware:
@@ -94,12 +97,12 @@ class DeadlineMiddleware:
         self._reserve = _validate.seconds(reserve, "reserve")
         self._header = _inbound.header_name(header)
         self._header_bytes = self._header.encode()
-        self._rename = self._header != wire.HEADER
-        names = (self._header, wire.GRPC_HEADER, wire.ENVOY_HEADER)
-        self._known = frozenset(name.encode() for name in names)
+        # Our header (or its stand-in) is parsed inline; the others go to `wire`.
+        self._others = frozenset(name.encode() for name in (wire.GRPC_HEADER, wire.ENVOY_HEADER))
         self._read_ahead = read_ahead
         self._watch_after = _validate.seconds(watch_after, "watch_after")
         self._routes: dict[tuple[int, str, str], tuple[str, Limits]] = {}
+        self._own_routes: bool | None = None  # does `app` itself have routes? (first call)
         self._sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
             weakref.WeakKeyDictionary()
         )
@@ -110,7 +113,14 @@ class DeadlineMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        await _Exchange(self, scope, receive, send).run()
+        started_at = _clock.now()
+        found, expect = self._scan(scope)
+        route, limits_ = self._route(scope)
+        budget = limits_.default if found is None else min(found, limits_.maximum)
+        budget = max(0.0, budget - self._reserve)
+        await _Exchange(self, scope, receive, send, started_at).run(
+            route, limits_, found, budget, expect
+        )
 
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
         last_loop, last = self._last
@@ -124,7 +134,10 @@ class DeadlineMiddleware:
 
     def _route(self, scope: Scope) -> tuple[str, Limits]:
         """The route label and limits for a request, cached per (app, method, path)."""
-        app = self.app if _routes_of(self.app) is not None else scope.get("app")
+        own = self._own_routes
+        if own is None:
+            own = self._own_routes = _routes_of(self.app) is not None
+        app = self.app if own else scope.get("app")
         method, path = scope.get("method", "GET"), scope.get("path", "/")
         key = (id(app), method, path)
         found = self._routes.get(key)
@@ -141,24 +154,40 @@ class DeadlineMiddleware:
         label = template or pattern or _inbound.UNMATCHED
         return label, marked or table_limits
 
-    def _scan(self, scope: Scope) -> tuple[list[tuple[bytes, bytes]], bool]:
-        """The deadline headers among the request's (one pass), and Expect: 100-continue.
+    def _scan(self, scope: Scope) -> tuple[float | None, bool]:
+        """The smallest valid deadline among the request's headers, and Expect: 100-continue.
 
-        ASGI header names are lower-case bytes, so a set lookup finds ours; only the
-        few that match are parsed.
+        One pass; ASGI header names are lower-case bytes. A plain value of our header
+        (the common case, sent by every `deadlines` hop) is parsed here with the rule of
+        `wire.parse_ms` (1-12 ASCII digits: ``bytes.isdigit`` is ASCII-only); anything
+        else known (lists, grpc-timeout, Envoy's) goes through `wire.header_budget`.
         """
-        found: list[tuple[bytes, bytes]] = []
+        best: float | None = None
+        others: list[tuple[bytes, bytes]] | None = None
         expect = False
-        known = self._known
+        ours = self._header_bytes
         for pair in scope.get("headers") or ():
             name = pair[0]
-            if name in known:
-                found.append(pair)
-            elif name == b"expect":
-                expect = pair[1].lower() == b"100-continue"
-        if found and self._rename:
-            found = _inbound.renamed(found, self._header_bytes)
-        return found, expect
+            if name == ours:
+                value = pair[1]
+                if len(value) <= _MAX_MS_DIGITS and value.isdigit():
+                    seconds = int(value) / 1000.0
+                    if best is None or seconds < best:
+                        best = seconds
+                    continue
+                pair = (_OUR_HEADER, value)  # a list or garbage: wire decides
+            elif name not in self._others:
+                if name == b"expect":
+                    expect = pair[1].lower() == b"100-continue"
+                continue
+            if others is None:
+                others = []
+            others.append(pair)
+        if others is not None:
+            parsed = wire.header_budget(others)
+            if parsed is not None and (best is None or parsed < best):
+                best = parsed
+        return best, expect
 
 
 class _Exchange:
@@ -190,7 +219,9 @@ class _Exchange:
         "started",
     )
 
-    def __init__(self, mw: DeadlineMiddleware, scope: Scope, receive: Receive, send: Send) -> None:
+    def __init__(
+        self, mw: DeadlineMiddleware, scope: Scope, receive: Receive, send: Send, started_at: float
+    ) -> None:
         self._mw = mw
         self.scope = scope
         self._receive = receive
@@ -198,9 +229,11 @@ class _Exchange:
         self.started = False  # http.response.start went out
         self.complete = False  # the last body chunk went out
         self.caller_left: CallerLeft | None = None
-        self.buffer: deque[Message] = deque()
+        # The watcher's state; most requests end before it starts, so nothing is
+        # allocated for it until then.
+        self.buffer: deque[Message] | None = None
         self._bytes = 0
-        self._waiters: list[asyncio.Future[None]] = []
+        self._waiters: list[asyncio.Future[None]] = _NO_WAITERS
         self._room: asyncio.Future[None] | None = None
         self._pump: asyncio.Task[None] | None = None
         self._pump_error: BaseException | None = None
@@ -213,75 +246,68 @@ class _Exchange:
         self._cancels = 0
         self._active = True
         self._may_read_ahead = True
-        self._started_at = _clock.now()
+        self._started_at = started_at
 
     # The request as a whole.
 
-    async def run(self) -> None:
-        mw = self._mw
-        headers, expect = mw._scan(self.scope)
-        route, limits_ = mw._route(self.scope)
-        budget = _inbound.budget(headers, limits_, mw._reserve)
+    async def run(
+        self, route: str, limits_: Limits, found: float | None, budget: float, expect: bool
+    ) -> None:
+        """Answer the request: 504 at once when expired, else the app under the deadline.
+
+        `found` is the header's value (None without a valid one), `budget` what it gave.
+        """
         if _events.active():
             _events.emit(_events.RequestStarted(route, budget))
         if budget <= 0.0:
-            await self._answer_timeout(headers, limits_, budget)
+            await self._answer_timeout(found, limits_, budget)
             self._finish(route, "budget_exhausted", budget)
             return
         self._arm(expect)
         outcome: RequestOutcome = "error"
         try:
-            outcome = await self._call_app(budget)
+            # The app is called here, not in a helper coroutine: one frame less per request.
+            try:
+                async with deadline_scope(budget):
+                    await self._mw.app(self.scope, self.receive, self.send)
+            except asyncio.CancelledError:
+                if not self._cancels:
+                    raise
+                self._uncancel()
+                assert self._host is not None
+                if self._host.cancelling():
+                    raise  # somebody else cancelled us too (server shutdown)
+                outcome = "caller_left"
+            except DeadlineExceeded:
+                if self.caller_left is None and not self.complete:
+                    raise
+                # Gone: the caller left; complete: only cleanup after the response was cut.
+                outcome = "caller_left" if self.caller_left is not None else "ok"
+            except Exception:
+                if self.caller_left is None:
+                    raise
+                # The app failed because its caller went away (a send or read on a
+                # closed connection): nobody is left to tell.
+                _log.debug("error after the caller left", exc_info=True)
+            else:
+                outcome = "ok"
+            if self.caller_left is not None:
+                outcome = "caller_left"
+                await self._answer_gone()
         except DeadlineExceeded as exc:
             outcome = _inbound.deadline_outcome(exc)
             if self.started:
                 raise  # the response is half out: let the server drop the connection
-            await self._answer_timeout(headers, limits_, budget)
+            await self._answer_timeout(found, limits_, budget)
         finally:
             self._disarm()
             if self.caller_left is not None:
                 outcome = "caller_left"
             self._finish(route, outcome, budget)
 
-    async def _call_app(self, budget: float) -> RequestOutcome:
-        """Run the app under the deadline; returns the outcome or raises DeadlineExceeded."""
-        try:
-            async with deadline_scope(budget):
-                await self._mw.app(self.scope, self.receive, self.send)
-        except asyncio.CancelledError:
-            if not self._cancels:
-                raise
-            self._uncancel()
-            assert self._host is not None
-            if self._host.cancelling():
-                raise  # somebody else cancelled us too (server shutdown)
-            await self._answer_gone()
-            return "caller_left"
-        except DeadlineExceeded:
-            if self.caller_left is not None:
-                await self._answer_gone()
-                return "caller_left"
-            if self.complete:
-                return "ok"  # the caller has the whole response; only cleanup was cut
-            raise
-        except Exception:
-            if self.caller_left is None:
-                raise
-            # The app failed because its caller went away (a send or read on a closed
-            # connection): nobody is left to tell.
-            _log.debug("error after the caller left", exc_info=True)
-            await self._answer_gone()
-            return "caller_left"
-        if self.caller_left is not None:
-            await self._answer_gone()
-            return "caller_left"
-        return "ok"
-
-    async def _answer_timeout(
-        self, headers: list[tuple[bytes, bytes]], limits_: Limits, budget: float
-    ) -> None:
+    async def _answer_timeout(self, found: float | None, limits_: Limits, budget: float) -> None:
         body = _inbound.timeout_body(
-            limit=_inbound.binding_limit(headers, limits_, self._mw._header),
+            limit=_inbound.limit_name(found, limits_, self._mw._header),
             budget=budget,
             elapsed=_clock.now() - self._started_at,
         )
@@ -352,6 +378,8 @@ class _Exchange:
                     self._room = self._loop.create_future()
                     await self._room
                 message = await self._receive()
+                if self.buffer is None:
+                    self.buffer = deque()
                 self.buffer.append(message)
                 self._bytes += len(message.get("body", b""))
                 self._wake_readers()
@@ -363,7 +391,7 @@ class _Exchange:
             self._wake_readers()
 
     def _wake_readers(self) -> None:
-        waiters, self._waiters = self._waiters, []
+        waiters, self._waiters = self._waiters, _NO_WAITERS
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
@@ -412,6 +440,8 @@ class _Exchange:
                 return await self._read_direct()
             assert self._loop is not None
             waiter = self._loop.create_future()
+            if self._waiters is _NO_WAITERS:
+                self._waiters = []
             self._waiters.append(waiter)
             try:
                 await waiter

@@ -1,0 +1,36 @@
+"""The ASGI middleware's one-pass header scan gives exactly wire's budget."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from deadlines import wire
+from deadlines._inbound import renamed
+from deadlines.asgi import DeadlineMiddleware
+
+from .test_rules import VALUES
+
+
+async def _app(scope: object, receive: object, send: object) -> None:
+    """An ASGI app that is never called: the scan alone is under test."""
+
+
+NAMES = st.sampled_from([*wire.KNOWN_HEADERS, "x-my-timeout", "expect", "host"])
+RAW = st.binary(max_size=14)
+
+
+@given(
+    pairs=st.lists(st.tuples(NAMES, st.one_of(VALUES.map(str.encode), RAW)), max_size=5),
+    header=st.sampled_from([wire.HEADER, "x-my-timeout"]),
+)
+def test_scan_matches_wire_header_budget(pairs: list[tuple[str, bytes]], header: str) -> None:
+    """Inline parsing of our header agrees with wire.header_budget, renamed header included."""
+    mw = DeadlineMiddleware(_app, default=1, maximum=2, header=header)
+    headers = [(name.encode(), value) for name, value in pairs]
+    found, expect = mw._scan({"headers": headers})
+    known = {header.encode(), wire.GRPC_HEADER.encode(), wire.ENVOY_HEADER.encode()}
+    ours = [pair for pair in headers if pair[0] in known]
+    assert found == wire.header_budget(renamed(ours, header.encode()))
+    expects = [value for name, value in headers if name == b"expect"]
+    assert expect == (bool(expects) and expects[-1].lower() == b"100-continue")
