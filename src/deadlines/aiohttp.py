@@ -15,8 +15,8 @@ objects. For every request, from the `Dependency` and the deadline (`CallBudget`
 
 * below `min_useful` remaining → `BudgetExhausted`, nothing sent;
 * waiting in the pool (``TCPConnector(limit=pool_size)``, this dependency's alone) ≤
-  min(pool_wait, time left), measured with `aiohttp.TraceConfig` (connection queued
-  start/end) and reported as ``response.pool_wait`` and the error's ``pool_wait``;
+  min(pool_wait, time left), measured where the connector queues the request for a
+  free place, and reported as ``response.pool_wait`` and the error's ``pool_wait``;
 * DNS + TCP + TLS ≤ min(connect, time left); sending the request and waiting for the
   response head ≤ min(headers, time left);
 * each silence in the body ≤ idle (aiohttp's own ``sock_read`` timer, started once
@@ -27,8 +27,8 @@ objects. For every request, from the `Dependency` and the deadline (`CallBudget`
 aiohttp's own timers round any timeout above ``ceil_threshold`` (5 s by default) up to
 a whole second of loop time, so a 5.2 s limit could fire at 6 s. Here they are all
 switched off (a `ClientTimeout` without limits, ``ceil_threshold=inf``) except the
-unrounded ``sock_read`` for the body: one precise timer per call, moved along as
-`TraceConfig` reports each phase, bounds everything up to the response head, and a
+unrounded ``sock_read`` for the body: one precise timer per call, moved along by the
+session's connector as each phase begins, bounds everything up to the response head, and a
 timer at the call's end bounds each read of the body. A limit that fires
 is raised as the matching `CallTimeout` subclass or `DeadlineExceeded`, translated at
 one boundary; other errors are aiohttp's own (`aiohttp.ClientConnectorError`, ...).
@@ -37,10 +37,9 @@ one boundary; other errors are aiohttp's own (`aiohttp.ClientConnectorError`, ..
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
+from collections.abc import AsyncIterator, Coroutine, Generator
 from types import TracebackType
 from typing import Any, cast
 
@@ -68,7 +67,7 @@ _NO_TIMEOUT = aiohttp.ClientTimeout(  # deadlines: ignore[DLN101] every phase bo
 class _Call:
     """One attempt: its budget, phase, and the one timer that bounds it to the head."""
 
-    __slots__ = ("budget", "guard", "limit", "loop", "queued_at", "request", "request_sent")
+    __slots__ = ("budget", "guard", "limit", "loop", "queued_at", "request_sent")
 
     def __init__(self, budget: CallBudget, loop: asyncio.AbstractEventLoop) -> None:
         self.budget = budget
@@ -77,7 +76,6 @@ class _Call:
         self.request_sent = False
         self.queued_at: float | None = None
         self.guard: asyncio.Timeout | None = None
-        self.request: aiohttp.ClientRequest | None = None
 
     def at(self, seconds: float) -> float:
         """Loop time `seconds` from now (the budget may run on another monotonic clock)."""
@@ -89,12 +87,11 @@ class _Call:
         if self.guard is not None:
             self.guard.reschedule(self.at(self.budget.limit(limit)))
 
-    def connection_ready(self) -> None:
+    def connection_ready(self, request: aiohttp.ClientRequest) -> None:
         """A connection is ours: the request goes out now, with the time left in it."""
         if self.budget.pool_wait is None:
             self.budget.pool_wait = 0.0
-        if self.request is not None:
-            self.request.headers[HEADER] = self.budget.header_ms()
+        request.headers[HEADER] = self.budget.header_ms()
         self.request_sent = True  # conservatively: from here on it may reach the server
         self.arm("headers")
 
@@ -110,69 +107,61 @@ _current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
 )
 
 
-# TraceConfig callbacks: they run in the request's task, so they find its call.
+class _Connector(aiohttp.TCPConnector):
+    """The dependency's pool, telling the call in this task when each phase begins.
 
+    aiohttp's public seam for this, `TraceConfig`, makes every request build and await
+    all of its ~10 trace events once any trace config is set: that cost more than half
+    of aiohttp's own time per call. Instead, `connect` (public) brackets the pool wait
+    and the connect phase, and two of its steps are overridden to split them:
+    ``_wait_for_available_connection`` (queued for a free place) and
+    ``_create_connection`` (DNS, TCP, TLS). Both are private to aiohttp, stable since
+    aiohttp 3.0 and exactly where its own ``connection_queued_*`` and
+    ``connection_create_*`` trace events are sent; tests/outbound pin their names,
+    signatures and use, so an aiohttp that changes them fails the tests loudly.
+    """
 
-async def _queued_start(session: Any, context: Any, params: Any) -> None:
-    call = _current.get()
-    if call is not None:
+    async def connect(
+        self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
+    ) -> aiohttp.connector.Connection:
+        """A pooled or new connection; then the request goes out with the header set."""
+        connection = await super().connect(req, traces, timeout)
+        call = _current.get()
+        if call is not None:
+            call.connection_ready(req)
+        return connection
+
+    async def _wait_for_available_connection(self, key: Any, traces: list[Any]) -> None:
+        call = _current.get()
+        if call is None:
+            return await super()._wait_for_available_connection(key, traces)
         call.queued_at = _clock.now()
-
-
-async def _queued_end(session: Any, context: Any, params: Any) -> None:
-    call = _current.get()
-    if call is not None and call.queued_at is not None:
+        await super()._wait_for_available_connection(key, traces)
         call.budget.pool_wait = _clock.now() - call.queued_at
+        return None
 
-
-async def _create_start(session: Any, context: Any, params: Any) -> None:
-    call = _current.get()
-    if call is not None:
-        if call.budget.pool_wait is None:
-            call.budget.pool_wait = 0.0
-        call.arm("connect")
-
-
-async def _connection_ready(session: Any, context: Any, params: Any) -> None:
-    call = _current.get()
-    if call is not None:
-        call.connection_ready()
-
-
-def _trace_config() -> aiohttp.TraceConfig:
-    config = aiohttp.TraceConfig()
-    config.on_connection_queued_start.append(_queued_start)
-    config.on_connection_queued_end.append(_queued_end)
-    config.on_connection_create_start.append(_create_start)
-    config.on_connection_create_end.append(_connection_ready)
-    config.on_connection_reuseconn.append(_connection_ready)
-    return config
-
-
-async def _keep_request(
-    request: aiohttp.ClientRequest, handler: Callable[[aiohttp.ClientRequest], Awaitable[Any]]
-) -> aiohttp.ClientResponse:
-    """Client middleware: remember the request so the header is set once connected."""
-    call = _current.get()
-    if call is not None:
-        call.request = request
-    return cast(aiohttp.ClientResponse, await handler(request))
+    async def _create_connection(
+        self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
+    ) -> Any:
+        call = _current.get()
+        if call is not None:
+            if call.budget.pool_wait is None:
+                call.budget.pool_wait = 0.0
+            call.arm("connect")
+        return await super()._create_connection(req, traces, timeout)
 
 
 # The one boundary: a timer of ours that fired becomes the taxonomy error.
 
 
-@contextlib.contextmanager
-def _translated(call: _Call, timer: asyncio.Timeout) -> Iterator[None]:
-    try:
-        yield
-    except TimeoutError as exc:
-        if timer.expired():
-            raise call.error() from exc
-        if isinstance(exc, aiohttp.SocketTimeoutError):  # the body's idle timer (sock_read)
-            call.limit = "idle"
-            raise call.error() from exc
-        raise
+def _translate(call: _Call, timer: asyncio.Timeout, exc: TimeoutError) -> TimeoutError:
+    """The taxonomy error for `exc` if one of our limits fired, else `exc` itself."""
+    if timer.expired():
+        return call.error()
+    if isinstance(exc, aiohttp.SocketTimeoutError):  # the body's idle timer (sock_read)
+        call.limit = "idle"
+        return call.error()
+    return exc
 
 
 class _Content:
@@ -192,9 +181,14 @@ class _Content:
         call.limit = "total"
         timer = asyncio.timeout_at(call.at(call.budget.limit("total")))
         try:
-            with _translated(call, timer):
+            try:
                 async with timer:
                     return await read
+            except TimeoutError as exc:
+                error = _translate(call, timer, exc)
+                if error is exc:
+                    raise
+                raise error from exc
         except BaseException as exc:
             self._response.close()  # a broken or abandoned body: close the socket now
             call.budget.finish(exc)
@@ -338,7 +332,7 @@ class Session:
         ssl: Passed to the `aiohttp.TCPConnector` (False to skip verification).
         **kwargs: Any other `aiohttp.ClientSession` argument, except those the
             dependency decides (``timeout``, ``connector``). ``trace_configs`` and
-            ``middlewares`` are kept, after this module's own.
+            ``middlewares`` are passed on.
 
     Request methods take aiohttp's arguments (``timeout=`` excepted) and return
     `Response` objects, used as usual (``async with`` or ``await``).
@@ -354,7 +348,7 @@ class Session:
                     " cannot be passed to a deadlines.aiohttp session"
                 )
         self.dependency = dependency
-        connector = aiohttp.TCPConnector(
+        connector = _Connector(
             limit=dependency.pool_size,
             limit_per_host=0,
             ssl=ssl,
@@ -364,8 +358,6 @@ class Session:
             connector=connector,
             timeout=_NO_TIMEOUT,
             response_class=Response,
-            trace_configs=[_trace_config(), *kwargs.pop("trace_configs", ())],
-            middlewares=(_keep_request, *kwargs.pop("middlewares", ())),
             **kwargs,
         )
 
@@ -427,12 +419,16 @@ class Session:
         token = _current.set(call)
         try:
             guard = call.guard = asyncio.timeout_at(call.at(budget.limit("pool")))
-            with _translated(call, guard):
-                async with guard:
+            try:
+                async with guard:  # leaving it cancels the timer: the head has arrived
                     response = await self.client._request(
                         method, url, timeout=_NO_TIMEOUT, **kwargs
                     )
-                    guard.reschedule(None)
+            except TimeoutError as exc:
+                error = _translate(call, guard, exc)
+                if error is exc:
+                    raise
+                raise error from exc
         except BaseException as exc:
             budget.finish(exc)
             raise
