@@ -179,8 +179,10 @@ class _Content:
     async def _bounded(self, read: Coroutine[Any, Any, Any]) -> Any:
         call = self._call
         call.limit = "total"
-        timer = asyncio.timeout_at(call.at(call.budget.limit("total")))
         try:
+            if self._inner.is_eof():  # the rest of the body is buffered: no wait, no timer
+                return await read
+            timer = asyncio.timeout_at(call.at(call.budget.limit("total")))
             try:
                 async with timer:
                     return await read
