@@ -41,6 +41,14 @@ _PHASE_OF: dict[Limit, Phase] = {
     "idle": "body",
     "total": "body",
 }
+#: The `Dependency` field capping each phase.
+_CAP_FIELD: dict[Limit, str] = {
+    "pool": "pool_wait",
+    "connect": "connect",
+    "headers": "headers",
+    "idle": "idle",
+    "total": "total",
+}
 _CAP_ERROR: dict[Limit, type[CallTimeout]] = {
     "pool": PoolTimeout,
     "connect": ConnectTimeout,
@@ -71,7 +79,8 @@ class CallBudget:
         #: Seconds the request's deadline scope was given (None without one).
         self.request_budget = None if frame is None else frame.budget
         self.budget = max(0.0, self.request_end - self.start)  # inf without a deadline
-        self.end = min(self.request_end, self.start + dependency.total)
+        self._own_end = self.start + dependency.total
+        self.end = min(self.request_end, self._own_end)
         self.pool_wait: float | None = None
         self.request_sent = False
         #: The phase in progress: the one whose limit was computed last.
@@ -106,23 +115,17 @@ class CallBudget:
     def limit(self, which: Limit) -> float:
         """Seconds the phase `which` may take from now, and remember what bounds it."""
         now = _clock.now()
-        cap = {
-            "pool": self.dependency.pool_wait,
-            "connect": self.dependency.connect,
-            "headers": self.dependency.headers,
-            "idle": self.dependency.idle,
-            "total": math.inf,
-        }[which]
-        own_total = self.start + self.dependency.total
-        candidates: list[tuple[float, int, Binding]] = [
-            (self.request_end, 0, "deadline"),  # ties go to the request's deadline
-            (own_total, 1, "total"),
-            (now + cap, 2, "cap"),
-        ]
-        end, _, source = min(candidates)
-        self._sources[which] = source
+        # Ties go to the request's deadline, then to the call's own total.
+        end = self.request_end
+        source: Binding = "deadline"
+        if self._own_end < end:
+            end, source = self._own_end, "total"
         if which != "total":
+            cap_end = now + getattr(self.dependency, _CAP_FIELD[which])
+            if cap_end < end:
+                end, source = cap_end, "cap"
             self.phase = _PHASE_OF[which]
+        self._sources[which] = source
         return max(0.0, end - now)
 
     def binding(self, which: Limit) -> Binding:
@@ -158,13 +161,7 @@ class CallBudget:
                 request_sent=sent,
                 pool_wait=self.pool_wait,
             )
-        limit = {
-            "pool": self.dependency.pool_wait,
-            "connect": self.dependency.connect,
-            "headers": self.dependency.headers,
-            "idle": self.dependency.idle,
-            "total": self.dependency.total,
-        }[which]
+        limit = getattr(self.dependency, _CAP_FIELD[which])
         return _CAP_ERROR[which](
             limit=limit,
             elapsed=elapsed,
