@@ -22,6 +22,7 @@ aiohttp clears when the connection is lost.
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -74,6 +75,10 @@ class DeadlineMiddleware:
         self._header = _inbound.header_name(header)
         self._names = (self._header, wire.GRPC_HEADER, wire.ENVOY_HEADER)
         self._watch_every = _validate.seconds(watch_every, "watch_every", allow_zero=False)
+        self._pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Poller] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._last: tuple[asyncio.AbstractEventLoop | None, _Poller | None] = (None, None)
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Run `handler` under the request's deadline."""
@@ -93,7 +98,7 @@ class DeadlineMiddleware:
             if budget <= 0.0:
                 outcome = "budget_exhausted"
                 return self._timeout(headers, limits_, budget, started)
-            watch = _Watch(request, self._watch_every, started)
+            watch = _Watch(request, self._poller(), started)
             try:
                 response = await watch.run(handler, budget)
             except asyncio.CancelledError:
@@ -111,6 +116,17 @@ class DeadlineMiddleware:
             if _events.active():
                 duration = _clock.now() - started
                 _events.emit(_events.RequestFinished(route, outcome, duration, budget))
+
+    def _poller(self) -> _Poller:
+        loop = asyncio.get_running_loop()
+        last_loop, last = self._last
+        if last_loop is loop and last is not None:
+            return last
+        poller = self._pollers.get(loop)
+        if poller is None:
+            poller = self._pollers[loop] = _Poller(loop, self._watch_every)
+        self._last = (loop, poller)
+        return poller
 
     def _route(self, request: web.Request) -> tuple[str, Limits]:
         route = request.match_info.route
@@ -136,30 +152,62 @@ class DeadlineMiddleware:
         )
 
 
+class _Poller:
+    """Checks the connections of every handler running on one loop, every `every` seconds.
+
+    One timer for all requests in flight instead of one per request: a request costs a
+    dict insert and delete, and the timer runs only while some request is in flight.
+    """
+
+    __slots__ = ("_every", "_handle", "_loop", "_watches")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, every: float) -> None:
+        self._loop = loop
+        self._every = every
+        self._watches: dict[_Watch, None] = {}
+        self._handle: asyncio.TimerHandle | None = None
+
+    def add(self, watch: _Watch) -> None:
+        self._watches[watch] = None
+        if self._handle is None:
+            self._handle = self._loop.call_later(self._every, self._check)
+
+    def discard(self, watch: _Watch) -> None:
+        self._watches.pop(watch, None)
+
+    def _check(self) -> None:
+        """Timer callback: cancel the handlers whose connection is gone, look again later."""
+        self._handle = None
+        lost = [watch for watch in self._watches if watch.request.transport is None]
+        for watch in lost:
+            del self._watches[watch]
+            watch.cancel_host()
+        if self._watches:
+            self._handle = self._loop.call_later(self._every, self._check)
+
+
 class _Watch:
     """Runs one handler under the deadline and cancels it when the connection is lost."""
 
-    __slots__ = ("_cancels", "_every", "_host", "_request", "_started", "_timer", "caller_left")
+    __slots__ = ("_cancels", "_host", "_poller", "_started", "caller_left", "request")
 
-    def __init__(self, request: web.Request, every: float, started: float) -> None:
-        self._request = request
-        self._every = every
+    def __init__(self, request: web.Request, poller: _Poller, started: float) -> None:
+        self.request = request
+        self._poller = poller
         self._started = started
         self._host: asyncio.Task[Any] | None = None
-        self._timer: asyncio.TimerHandle | None = None
         self._cancels = 0
         self.caller_left: CallerLeft | None = None
 
     async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
         self._host = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._every, self._check)
+        self._poller.add(self)
         try:
             async with deadline_scope(budget):
-                response = await handler(self._request)
+                response = await handler(self.request)
         except asyncio.CancelledError:
             if not self._cancels:
-                if self._request.transport is None:  # aiohttp's handler_cancellation=True
+                if self.request.transport is None:  # aiohttp's handler_cancellation=True
                     self.caller_left = self._left()
                 raise  # not ours: aiohttp's own, or server shutdown
             self._uncancel()
@@ -171,23 +219,18 @@ class _Watch:
                 return web.Response(status=499)
             raise
         finally:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._poller.discard(self)
             self._uncancel()
         return response
 
-    def _check(self) -> None:
-        """Timer callback: cancel the handler if the connection is gone, else look again."""
+    def cancel_host(self) -> None:
+        """The connection is gone: cancel the handler with a `CallerLeft` reason."""
         host = self._host
-        if self._timer is None or host is None or host.done():
+        if host is None or host.done():
             return
-        if self._request.transport is None:
-            self.caller_left = self._left()
-            host.cancel(msg=self.caller_left)
-            self._cancels += 1
-            return
-        self._timer = host.get_loop().call_later(self._every, self._check)
+        self.caller_left = self._left()
+        host.cancel(msg=self.caller_left)
+        self._cancels += 1
 
     def _left(self) -> CallerLeft:
         elapsed = _clock.now() - self._started
