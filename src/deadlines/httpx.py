@@ -20,7 +20,8 @@ request, from the `Dependency` and the current deadline (`deadlines.CallBudget`)
   time left), as one window (a server trickling its headers cannot stretch it);
 * each gap in the body ≤ idle; the whole call, body included, also when streamed,
   ≤ min(total, the request's deadline);
-* ``x-request-timeout-ms`` carries the time left, refreshed when the request is sent.
+* ``x-request-timeout-ms`` carries the time left: set once the call is admitted to the
+  pool, refreshed after a new connection is up.
 
 Each limit that fires is raised as the matching `CallTimeout` subclass (or
 `DeadlineExceeded` when the request's deadline was the binding limit), translated from
@@ -82,7 +83,15 @@ class _Call:
     which limit was in force when httpcore reported a timeout.
     """
 
-    __slots__ = ("budget", "connect_end", "headers_end", "limit", "phase", "request_sent")
+    __slots__ = (
+        "budget",
+        "connect_end",
+        "headers",
+        "headers_end",
+        "limit",
+        "phase",
+        "request_sent",
+    )
 
     def __init__(self, budget: CallBudget) -> None:
         self.budget = budget
@@ -91,6 +100,8 @@ class _Call:
         self.request_sent = False
         self.connect_end = 0.0
         self.headers_end = 0.0
+        #: The outgoing request's header list, while the header is ours to refresh.
+        self.headers: list[tuple[bytes, bytes]] | None = None
 
     def connect_timeout(self) -> float:
         """Start the connect window (DNS, TCP, TLS) and return its length."""
@@ -132,6 +143,17 @@ class _Call:
     def header_value(self) -> bytes:
         """The remaining time to send onward, whole ms."""
         return self.budget.header_ms().encode("ascii")
+
+    def connected(self) -> None:
+        """A new connection is up: the time it took is no longer the next hop's."""
+        if self.headers is not None:
+            _set_header(self.headers, self.header_value())
+
+
+def _set_header(headers: list[tuple[bytes, bytes]], value: bytes) -> None:
+    for i, (key, _) in enumerate(headers):
+        if key.lower() == _HEADER_BYTES:
+            headers[i] = (key, value)
 
 
 _current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
@@ -204,13 +226,16 @@ class _AsyncStream(httpcore.AsyncNetworkStream):
         if call is not None:
             timeout = call.tls_timeout()
         try:
-            return _AsyncStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+            stream = await self._inner.start_tls(ssl_context, server_hostname, timeout)
         except BaseException:
             # httpcore closes the TCP stream when the handshake fails but not when it is
             # cancelled: the socket then stayed open until garbage collection.
             with anyio.CancelScope(shield=True):
                 await self._inner.aclose()
             raise
+        if call is not None:
+            call.connected()
+        return _AsyncStream(stream)
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
@@ -232,6 +257,8 @@ class _AsyncBackend(httpcore.AsyncNetworkBackend):
         if call is not None:
             timeout = call.connect_timeout()
         stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        if call is not None:
+            call.connected()
         return _AsyncStream(stream)
 
     async def connect_unix_socket(
@@ -244,6 +271,8 @@ class _AsyncBackend(httpcore.AsyncNetworkBackend):
         if call is not None:
             timeout = call.connect_timeout()
         stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
+        if call is not None:
+            call.connected()
         return _AsyncStream(stream)
 
     async def sleep(self, seconds: float) -> None:
@@ -283,10 +312,13 @@ class _SyncStream(httpcore.NetworkStream):
         if call is not None:
             timeout = _sync_timeout(call.tls_timeout())
         try:
-            return _SyncStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+            stream = self._inner.start_tls(ssl_context, server_hostname, timeout)
         except BaseException:
             self._inner.close()
             raise
+        if call is not None:
+            call.connected()
+        return _SyncStream(stream)
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
@@ -308,6 +340,8 @@ class _SyncBackend(httpcore.NetworkBackend):
         if call is not None:
             timeout = _sync_timeout(call.connect_timeout())
         stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        if call is not None:
+            call.connected()
         return _SyncStream(stream)
 
     def connect_unix_socket(
@@ -319,7 +353,10 @@ class _SyncBackend(httpcore.NetworkBackend):
         call = _current.get()
         if call is not None:
             timeout = _sync_timeout(call.connect_timeout())
-        return _SyncStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+        stream = self._inner.connect_unix_socket(path, timeout, socket_options)
+        if call is not None:
+            call.connected()
+        return _SyncStream(stream)
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
@@ -329,10 +366,11 @@ class _SyncBackend(httpcore.NetworkBackend):
 
 
 def _core_request(
-    request: httpx.Request, call: _Call, stream: Any, trace: Callable[..., Any]
+    request: httpx.Request, call: _Call, stream: Any, trace: Callable[..., Any] | None
 ) -> httpcore.Request:
     extensions = dict(request.extensions)
-    extensions["trace"] = trace
+    if trace is not None:
+        extensions["trace"] = trace
     left = call.budget.left()  # fallbacks: the backend refines each operation's timeout
     extensions["timeout"] = {"pool": left, "connect": left, "read": left, "write": left}
     return httpcore.Request(
@@ -349,15 +387,37 @@ def _core_request(
     )
 
 
+# Without a trace hook of the caller's (and on HTTP/1.1), none is installed: httpcore
+# awaits a trace hook for ~10 events per request. The header set once admitted is then
+# refreshed after a new connection (`_Call.connected`) and the first write starts the
+# headers window (`_Call.io_timeout`). With HTTP/2, whose requests share a connection,
+# the send event refreshes the header itself.
+
+
 def _on_send(call: _Call, name: str, info: Mapping[str, Any]) -> None:
     """Trace hook: the request head is about to go out; refresh the header, start headers."""
     if name not in _SEND_EVENTS:
         return
     call.begin_headers()
-    headers = info["request"].headers
-    for i, (key, _) in enumerate(headers):
-        if key.lower() == _HEADER_BYTES:
-            headers[i] = (key, call.header_value())
+    _set_header(info["request"].headers, call.header_value())
+
+
+def _async_trace(call: _Call, user_trace: Any) -> Callable[..., Any]:
+    async def trace(name: str, info: Mapping[str, Any]) -> None:
+        _on_send(call, name, info)
+        if user_trace is not None:
+            await user_trace(name, info)
+
+    return trace
+
+
+def _sync_trace(call: _Call, user_trace: Any) -> Callable[..., Any]:
+    def trace(name: str, info: Mapping[str, Any]) -> None:
+        _on_send(call, name, info)
+        if user_trace is not None:
+            user_trace(name, info)
+
+    return trace
 
 
 def _attempt_budget(dependency: Dependency) -> _Call:
@@ -484,6 +544,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
     ) -> None:
         _check_dependency(dependency)
         self.dependency = dependency
+        self._http2 = http2
         self._gate = _AsyncGate(dependency.pool_size)
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
@@ -517,15 +578,14 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             await self._gate.acquire(call)
             admitted = True
             request.headers[HEADER] = call.budget.header_ms()
-
-            async def trace(name: str, info: Mapping[str, Any]) -> None:
-                _on_send(call, name, info)
-                if user_trace is not None:
-                    await user_trace(name, info)
-
             user_trace = request.extensions.get("trace")
+            trace = None
+            if user_trace is not None or self._http2:
+                trace = _async_trace(call, user_trace)
             assert isinstance(request.stream, httpx.AsyncByteStream)
             core = _core_request(request, call, request.stream, trace)
+            if trace is None:
+                call.headers = core.headers
             with _translated(call):
                 response = await self._pool.handle_async_request(core)
             call.begin_body()
@@ -638,6 +698,7 @@ class Transport(httpx.BaseTransport):
     ) -> None:
         _check_dependency(dependency)
         self.dependency = dependency
+        self._http2 = http2
         self._gate = _SyncGate(dependency.pool_size)
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
@@ -672,14 +733,13 @@ class Transport(httpx.BaseTransport):
             admitted = True
             request.headers[HEADER] = call.budget.header_ms()
             user_trace = request.extensions.get("trace")
-
-            def trace(name: str, info: Mapping[str, Any]) -> None:
-                _on_send(call, name, info)
-                if user_trace is not None:
-                    user_trace(name, info)
-
+            trace = None
+            if user_trace is not None or self._http2:
+                trace = _sync_trace(call, user_trace)
             assert isinstance(request.stream, httpx.SyncByteStream)
             core = _core_request(request, call, request.stream, trace)
+            if trace is None:
+                call.headers = core.headers
             with _translated(call):
                 response = self._pool.handle_request(core)
             call.begin_body()
