@@ -39,13 +39,12 @@ handshake included.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import ssl
 import threading
 import typing
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 try:
     import anyio
@@ -176,17 +175,24 @@ _NETWORK_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] 
 )
 
 
-@contextlib.contextmanager
-def _translated(call: _Call) -> Iterator[None]:
-    try:
-        yield
-    except httpcore.TimeoutException as exc:
-        raise call.error() from exc
-    except Exception as exc:
-        for theirs, ours in _NETWORK_ERRORS:
-            if isinstance(exc, theirs):
-                raise ours(str(exc)) from exc
-        raise
+def _translate(call: _Call, exc: Exception) -> Exception | None:
+    """Our error for httpcore's `exc` (a timeout: the taxonomy; else httpx's), or None."""
+    if isinstance(exc, httpcore.TimeoutException):
+        return call.error()
+    for theirs, ours in _NETWORK_ERRORS:
+        if isinstance(exc, theirs):
+            return ours(str(exc))
+    return None
+
+
+def _fail(call: _Call, exc: BaseException) -> NoReturn:
+    """A body read failed: report the end of the call and raise our error for it."""
+    error = _translate(call, exc) if isinstance(exc, Exception) else None
+    if error is None:
+        call.budget.finish(exc)
+        raise exc
+    call.budget.finish(error)
+    raise error from exc
 
 
 def _request_sent(exc: BaseException) -> bool | None:
@@ -487,25 +493,28 @@ class _AsyncBody(httpx.AsyncByteStream):
         self._release: Callable[[], None] | None = release
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
+        call = self._call
         iterator = self._inner.__aiter__()
         while True:
-            token = _current.set(self._call)
+            token = _current.set(call)
             try:
-                with _translated(self._call):
-                    chunk = await iterator.__anext__()
+                chunk = await iterator.__anext__()
             except StopAsyncIteration:
                 break
             except BaseException as exc:
-                self._call.budget.finish(exc)
-                raise
+                _fail(call, exc)
             finally:
                 _current.reset(token)
             yield chunk
 
     async def aclose(self) -> None:
         try:
-            with _translated(self._call):
+            try:
                 await self._inner.aclose()
+            except Exception as exc:
+                if (error := _translate(self._call, exc)) is None:
+                    raise
+                raise error from exc
         finally:
             if self._release is not None:
                 release, self._release = self._release, None
@@ -586,8 +595,12 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             core = _core_request(request, call, request.stream, trace)
             if trace is None:
                 call.headers = core.headers
-            with _translated(call):
+            try:
                 response = await self._pool.handle_async_request(core)
+            except Exception as exc:
+                if (error := _translate(call, exc)) is None:
+                    raise
+                raise error from exc
             call.begin_body()
         except BaseException as exc:
             if admitted:
@@ -649,25 +662,28 @@ class _SyncBody(httpx.SyncByteStream):
         self._release: Callable[[], None] | None = release
 
     def __iter__(self) -> Iterator[bytes]:
+        call = self._call
         iterator = iter(self._inner)
         while True:
-            token = _current.set(self._call)
+            token = _current.set(call)
             try:
-                with _translated(self._call):
-                    chunk = next(iterator)
+                chunk = next(iterator)
             except StopIteration:
                 break
             except BaseException as exc:
-                self._call.budget.finish(exc)
-                raise
+                _fail(call, exc)
             finally:
                 _current.reset(token)
             yield chunk
 
     def close(self) -> None:
         try:
-            with _translated(self._call):
+            try:
                 self._inner.close()
+            except Exception as exc:
+                if (error := _translate(self._call, exc)) is None:
+                    raise
+                raise error from exc
         finally:
             if self._release is not None:
                 release, self._release = self._release, None
@@ -740,8 +756,12 @@ class Transport(httpx.BaseTransport):
             core = _core_request(request, call, request.stream, trace)
             if trace is None:
                 call.headers = core.headers
-            with _translated(call):
+            try:
                 response = self._pool.handle_request(core)
+            except Exception as exc:
+                if (error := _translate(call, exc)) is None:
+                    raise
+                raise error from exc
             call.begin_body()
         except BaseException as exc:
             if admitted:
