@@ -367,7 +367,8 @@ class Session:
         """Send `method` to `url` inside the budget; aiohttp's request arguments."""
         if "timeout" in kwargs:
             raise TypeError("timeout= is decided by the deadlines.Dependency")
-        return _RequestContext(self._send(method.upper(), url, kwargs))
+        send = self._attempt if self.dependency.retry is None else self._with_retries
+        return _RequestContext(send(method.upper(), url, kwargs))
 
     def get(self, url: Any, **kwargs: Any) -> _RequestContext:
         """GET `url`."""
@@ -397,10 +398,9 @@ class Session:
         """DELETE `url`."""
         return self.request("DELETE", url, **kwargs)
 
-    async def _send(self, method: str, url: Any, kwargs: dict[str, Any]) -> Response:
+    async def _with_retries(self, method: str, url: Any, kwargs: dict[str, Any]) -> Response:
         policy = self.dependency.retry
-        if policy is None:
-            return await self._attempt(method, url, kwargs)
+        assert policy is not None
         headers = CIMultiDict(kwargs.get("headers") or {})
         return await retry.run_async(
             lambda: self._attempt(method, url, kwargs),
