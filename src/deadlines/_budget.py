@@ -233,7 +233,7 @@ class CallBudget:
         if frame is None or frame.deadline.remaining() > _CUT_TOLERANCE:
             return False
         sent = self.request_sent or self.phase in ("headers", "body")
-        frame.cut.append(_scope.Cut(self.dependency.name, self.phase, sent, self.pool_wait))
+        frame.cut = _scope.Cut(self.dependency.name, self.phase, sent, self.pool_wait)
         return True
 
 

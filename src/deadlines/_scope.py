@@ -13,7 +13,7 @@ import contextvars
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
@@ -26,16 +26,18 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True, slots=True)
 class _Frame:
     """What the context holds: the deadline and how it was made, for error messages."""
 
-    deadline: Deadline
-    budget: float  # seconds the binding scope was given when it was entered
-    started: float  # clock reading when it was entered
-    # The outbound call this deadline cut short, noted by `CallBudget.finish`, so the
-    # scope's `DeadlineExceeded` can say which dependency and phase it interrupted.
-    cut: list[Cut] = field(default_factory=list)
+    __slots__ = ("budget", "cut", "deadline", "started")
+
+    def __init__(self, deadline: Deadline, budget: float, started: float) -> None:
+        self.deadline = deadline
+        self.budget = budget  # seconds the binding scope was given when it was entered
+        self.started = started  # clock reading when it was entered
+        # The outbound call this deadline cut short, noted by `CallBudget.finish`, so
+        # the scope's `DeadlineExceeded` can say which dependency and phase it stopped.
+        self.cut: Cut | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,9 +93,9 @@ def carry(fn: Callable[P, R]) -> Callable[P, R]:
 
 def _exceeded(frame: _Frame) -> DeadlineExceeded:
     elapsed = _clock.now() - frame.started
-    if not frame.cut:
+    cut = frame.cut
+    if cut is None:
         return DeadlineExceeded(limit=frame.budget, elapsed=elapsed)
-    cut = frame.cut[-1]
     return DeadlineExceeded(
         limit=frame.budget,
         elapsed=elapsed,
@@ -119,7 +121,7 @@ class scope:
     Tasks created inside the scope, and `asyncio.to_thread`, inherit its deadline.
     """
 
-    __slots__ = ("_budget", "_canceller", "_deadline", "_entered", "_frame", "_token")
+    __slots__ = ("_budget", "_canceller", "_deadline", "_entered", "_frame", "_timeout", "_token")
 
     def __init__(
         self, seconds: float | timedelta | None = None, *, deadline: Deadline | None = None
@@ -131,7 +133,8 @@ class scope:
         self._entered = False
         self._frame: _Frame | None = None
         self._token: contextvars.Token[_Frame | None] | None = None
-        self._canceller: _Canceller | None = None
+        self._timeout: asyncio.Timeout | None = None  # the asyncio canceller, inline
+        self._canceller: _Canceller | None = None  # trio's
 
     @property
     def deadline(self) -> Deadline | None:
@@ -170,7 +173,12 @@ class scope:
     async def __aenter__(self) -> Deadline | None:
         deadline = self._enter()
         if deadline is not None:
-            self._canceller = await _Canceller.start(deadline)
+            loop = asyncio._get_running_loop()
+            if loop is not None:  # the common case, kept to one coroutine layer
+                self._timeout = asyncio.Timeout(loop.time() + deadline.remaining())
+                await self._timeout.__aenter__()
+            else:
+                self._canceller = await _Canceller.start(deadline)
         return deadline
 
     async def __aexit__(
@@ -180,7 +188,12 @@ class scope:
         tb: TracebackType | None,
     ) -> bool:
         try:
-            fired = self._canceller is not None and await self._canceller.stop(exc_type, exc, tb)
+            if self._timeout is not None:
+                fired = await _leave_timeout(self._timeout, exc_type, exc, tb)
+            elif self._canceller is not None:
+                fired = await self._canceller.stop(exc_type, exc, tb)
+            else:
+                fired = False
         finally:
             self._exit()
         if fired:
@@ -225,13 +238,23 @@ class _Canceller:
             self._trio.__exit__(exc_type, exc, tb)
             return bool(self._trio.cancelled_caught)
         assert self._asyncio is not None
-        try:
-            await self._asyncio.__aexit__(exc_type, exc, tb)
-        except TimeoutError:
-            if self._asyncio.expired() and exc_type is asyncio.CancelledError:
-                return True
-            raise
-        return False
+        return await _leave_timeout(self._asyncio, exc_type, exc, tb)
+
+
+async def _leave_timeout(
+    timeout: asyncio.Timeout,
+    exc_type: type[BaseException] | None,
+    exc: BaseException | None,
+    tb: TracebackType | None,
+) -> bool:
+    """Exit an asyncio Timeout; True when its own cancellation ended the body."""
+    try:
+        await timeout.__aexit__(exc_type, exc, tb)
+    except TimeoutError:
+        if timeout.expired() and exc_type is asyncio.CancelledError:
+            return True
+        raise
+    return False
 
 
 def _running_trio() -> Any:
