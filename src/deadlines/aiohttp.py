@@ -136,6 +136,8 @@ class _Connector(aiohttp.TCPConnector):
         if call is None:
             return await super()._wait_for_available_connection(key, traces)
         call.queued_at = _clock.now()
+        if call.guard is not None and call.guard.when() is None:
+            call.arm("pool")  # the guard was left unarmed until something could wait
         await super()._wait_for_available_connection(key, traces)
         call.budget.pool_wait = _clock.now() - call.queued_at
         return None
@@ -350,6 +352,13 @@ class Session:
                     " cannot be passed to a deadlines.aiohttp session"
                 )
         self.dependency = dependency
+        # Before the connector, aiohttp only awaits the caller's middlewares and trace
+        # hooks and, with trust_env, a thread (netrc, proxy settings). Without those the
+        # guard's first timer is saved: the connector arms it when a phase that can wait
+        # begins. With them, it runs from the start, bounding them by the pool limit.
+        self._eager = bool(
+            kwargs.get("middlewares") or kwargs.get("trace_configs") or kwargs.get("trust_env")
+        )
         connector = _Connector(
             limit=dependency.pool_size,
             limit_per_host=0,
@@ -420,7 +429,9 @@ class Session:
         call = _Call(budget, asyncio.get_running_loop())
         token = _current.set(call)
         try:
-            guard = call.guard = asyncio.timeout_at(call.at(budget.limit("pool")))
+            eager = self._eager or "middlewares" in kwargs
+            first = call.at(budget.limit("pool")) if eager else None
+            guard = call.guard = asyncio.timeout_at(first)
             try:
                 async with guard:  # leaving it cancels the timer: the head has arrived
                     response = await self.client._request(

@@ -20,7 +20,7 @@ from outbound_helpers import fired_at
 
 import deadlines
 import deadlines.aiohttp as daiohttp
-from deadlines import ConnectTimeout, Dependency
+from deadlines import ConnectTimeout, Dependency, PoolTimeout
 from deadlines.lab.servers import BlackholeServer, HealthyServer, SlowServer
 
 pytestmark = [pytest.mark.realtime, pytest.mark.anyio]
@@ -105,3 +105,22 @@ async def test_a_caller_trace_config_still_sees_its_events() -> None:
         ):
             assert response.status == 200
     assert seen == ["start"]
+
+
+async def test_a_slow_caller_middleware_is_bounded_too() -> None:
+    """Time in the caller's middleware before connecting counts (as the pool phase)."""
+
+    async def slow(
+        request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        await asyncio.sleep(5)
+        return await handler(request)
+
+    dep = Dependency("t", pool_wait=0.2, headers=2, total=3)
+    with HealthyServer() as server:
+        async with daiohttp.session(dep, middlewares=(slow,)) as http:
+            start = time.monotonic()
+            with pytest.raises(PoolTimeout):
+                await http.get(server.url)
+            assert fired_at(time.monotonic() - start, 0.2)
+        assert server.opened == 0
