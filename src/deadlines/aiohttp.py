@@ -28,10 +28,11 @@ aiohttp's own timers round any timeout above ``ceil_threshold`` (5 s by default)
 a whole second of loop time, so a 5.2 s limit could fire at 6 s. Here they are all
 switched off (a `ClientTimeout` without limits, ``ceil_threshold=inf``) except the
 unrounded ``sock_read`` for the body: one precise timer per call, moved along by the
-session's connector as each phase begins, bounds everything up to the response head, and a
-timer at the call's end bounds each read of the body. A limit that fires
-is raised as the matching `CallTimeout` subclass or `DeadlineExceeded`, translated at
-one boundary; other errors are aiohttp's own (`aiohttp.ClientConnectorError`, ...).
+session's connector as each phase begins (queued, connecting, connected), bounds
+everything up to the response head, and a timer at the call's end bounds each read of
+the body that has to wait. A limit that fires is raised as the matching `CallTimeout`
+subclass or `DeadlineExceeded`, translated at one boundary; other errors are aiohttp's
+own (`aiohttp.ClientConnectorError`, ...).
 """
 
 from __future__ import annotations
