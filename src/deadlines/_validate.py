@@ -11,9 +11,13 @@ ABSURD_SECONDS = 366 * 24 * 3600.0
 
 def seconds(value: float | timedelta, name: str, *, allow_zero: bool = True) -> float:
     """Return `value` in seconds, or raise a `ValueError`/`TypeError` that names `name`."""
-    if isinstance(value, float | int) and not isinstance(value, bool):
-        if 0 < value <= ABSURD_SECONDS:  # the hot path (NaN fails the comparison)
-            return float(value)
+    # The hot path: a plain number in range (NaN fails the comparison).
+    if (
+        isinstance(value, float | int)
+        and not isinstance(value, bool)
+        and 0 < value <= ABSURD_SECONDS
+    ):
+        return float(value)
     if isinstance(value, timedelta):
         value = value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
