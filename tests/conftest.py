@@ -1,8 +1,10 @@
-"""Shared test configuration: anyio backends and service checks."""
+"""Shared test configuration: the anyio backend.
+
+Tests that need Postgres (127.0.0.1:5432) or Redis (127.0.0.1:6379) connect to them
+directly and fail, never skip, when the service is down; `.ci/run` starts both.
+"""
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
@@ -11,9 +13,3 @@ import pytest
 def anyio_backend() -> str:
     """Async tests run on asyncio unless a test parametrizes `anyio_backend` itself."""
     return "asyncio"
-
-
-def pytest_report_header(config: pytest.Config) -> str:
-    """Say whether missing services fail the run (CI) or not."""
-    required = os.environ.get("DEADLINES_REQUIRE_SERVICES") == "1"
-    return f"deadlines: services required = {required}"
