@@ -1,7 +1,7 @@
 """deadlines.sqlalchemy with an AsyncEngine (asyncpg) against the real Postgres.
 
-SQLAlchemy's asyncio support needs greenlet (`sqlalchemy[asyncio]`); without it these
-tests are skipped, and the sync engine tests still run.
+SQLAlchemy's asyncio support needs greenlet, which the `sqlalchemy` extra installs
+(`sqlalchemy[asyncio]`); a missing greenlet fails these tests rather than hiding them.
 """
 
 from __future__ import annotations
@@ -13,13 +13,10 @@ import psycopg
 import pytest
 from pgtest_support import DB, HOST, PORT, USER, running
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import deadlines
 from deadlines.sqlalchemy import install
-
-pytest.importorskip("greenlet", reason="SQLAlchemy asyncio needs greenlet (sqlalchemy[asyncio])")
-
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 pytestmark = [pytest.mark.postgres, pytest.mark.realtime, pytest.mark.anyio]
 
