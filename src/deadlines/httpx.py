@@ -522,6 +522,26 @@ class _AsyncBody(httpx.AsyncByteStream):
                 self._call.budget.finish()
 
 
+def _pool_options(
+    dependency: Dependency,
+    keepalive_expiry: float | None,
+    http1: bool,
+    http2: bool,
+    local_address: str | None,
+    uds: str | None,
+) -> dict[str, Any]:
+    """The httpcore pool settings both transports share: sized to the dependency's pool."""
+    return {
+        "max_connections": dependency.pool_size,
+        "max_keepalive_connections": dependency.pool_size,
+        "keepalive_expiry": keepalive_expiry,
+        "http1": http1,
+        "http2": http2,
+        "local_address": local_address,
+        "uds": uds,
+    }
+
+
 class AsyncTransport(httpx.AsyncBaseTransport):
     """An httpx async transport that bounds every phase of a call by `dependency`.
 
@@ -557,14 +577,8 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         self._gate = _AsyncGate(dependency.pool_size)
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
-            max_connections=dependency.pool_size,
-            max_keepalive_connections=dependency.pool_size,
-            keepalive_expiry=keepalive_expiry,
-            http1=http1,
-            http2=http2,
-            local_address=local_address,
-            uds=uds,
             network_backend=_AsyncBackend(),
+            **_pool_options(dependency, keepalive_expiry, http1, http2, local_address, uds),
             socket_options=socket_options,
         )
 
@@ -718,14 +732,8 @@ class Transport(httpx.BaseTransport):
         self._gate = _SyncGate(dependency.pool_size)
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
-            max_connections=dependency.pool_size,
-            max_keepalive_connections=dependency.pool_size,
-            keepalive_expiry=keepalive_expiry,
-            http1=http1,
-            http2=http2,
-            local_address=local_address,
-            uds=uds,
             network_backend=_SyncBackend(),
+            **_pool_options(dependency, keepalive_expiry, http1, http2, local_address, uds),
             socket_options=socket_options,
         )
 
