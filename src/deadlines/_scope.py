@@ -18,7 +18,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from . import _clock, _validate
+from . import _alarms, _clock, _validate
 from ._deadline import Deadline
 from ._errors import DeadlineExceeded, Phase
 
@@ -133,7 +133,7 @@ class scope:
         self._entered = False
         self._frame: _Frame | None = None
         self._token: contextvars.Token[_Frame | None] | None = None
-        self._timeout: asyncio.Timeout | None = None  # the asyncio canceller, inline
+        self._timeout: _alarms.Timeout | None = None  # the asyncio canceller, inline
         self._canceller: _Canceller | None = None  # trio's
 
     @property
@@ -173,12 +173,17 @@ class scope:
     async def __aenter__(self) -> Deadline | None:
         deadline = self._enter()
         if deadline is not None:
-            loop = asyncio._get_running_loop()
-            if loop is not None:  # the common case, kept to one coroutine layer
-                self._timeout = asyncio.Timeout(loop.time() + deadline.remaining())
-                await self._timeout.__aenter__()
-            else:
-                self._canceller = await _Canceller.start(deadline)
+            try:
+                loop = asyncio._get_running_loop()
+                if loop is not None:  # the common case, kept to one coroutine layer
+                    timeout = _alarms.Timeout(loop.time() + deadline.remaining())
+                    timeout.enter(loop)
+                    self._timeout = timeout
+                else:
+                    self._canceller = await _Canceller.start(deadline)
+            except BaseException:
+                self._exit()
+                raise
         return deadline
 
     async def __aexit__(
@@ -189,7 +194,7 @@ class scope:
     ) -> bool:
         try:
             if self._timeout is not None:
-                fired = await _leave_timeout(self._timeout, exc_type, exc, tb)
+                fired = self._timeout.leave(exc_type)
             elif self._canceller is not None:
                 fired = await self._canceller.stop(exc_type, exc, tb)
             else:
@@ -208,7 +213,7 @@ class _Canceller:
     __slots__ = ("_asyncio", "_trio")
 
     def __init__(self) -> None:
-        self._asyncio: asyncio.Timeout | None = None
+        self._asyncio: _alarms.Timeout | None = None
         self._trio: Any = None
 
     @classmethod
@@ -217,8 +222,8 @@ class _Canceller:
         self = cls()
         loop = asyncio._get_running_loop()
         if loop is not None:
-            self._asyncio = asyncio.Timeout(loop.time() + deadline.remaining())
-            await self._asyncio.__aenter__()
+            self._asyncio = _alarms.Timeout(loop.time() + deadline.remaining())
+            self._asyncio.enter(loop)
             return self
         trio = _running_trio()
         if trio is None:
@@ -238,23 +243,7 @@ class _Canceller:
             self._trio.__exit__(exc_type, exc, tb)
             return bool(self._trio.cancelled_caught)
         assert self._asyncio is not None
-        return await _leave_timeout(self._asyncio, exc_type, exc, tb)
-
-
-async def _leave_timeout(
-    timeout: asyncio.Timeout,
-    exc_type: type[BaseException] | None,
-    exc: BaseException | None,
-    tb: TracebackType | None,
-) -> bool:
-    """Exit an asyncio Timeout; True when its own cancellation ended the body."""
-    try:
-        await timeout.__aexit__(exc_type, exc, tb)
-    except TimeoutError:
-        if timeout.expired() and exc_type is asyncio.CancelledError:
-            return True
-        raise
-    return False
+        return self._asyncio.leave(exc_type)
 
 
 def _running_trio() -> Any:

@@ -52,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "deadlines.aiohttp needs aiohttp: install it with `pip install 'deadlines[aiohttp]'`"
     ) from exc
 
-from . import _clock, retry
+from . import _alarms, _clock, retry
 from ._budget import CallBudget, Limit
 from ._dependency import Dependency
 from .wire import HEADER
@@ -76,7 +76,7 @@ class _Call:
         self.limit: Limit = "pool"
         self.request_sent = False
         self.queued_at: float | None = None
-        self.guard: asyncio.Timeout | None = None
+        self.guard: _alarms.Timeout | None = None
 
     def at(self, seconds: float) -> float:
         """Loop time `seconds` from now (the budget may run on another monotonic clock)."""
@@ -157,7 +157,7 @@ class _Connector(aiohttp.TCPConnector):
 # The one boundary: a timer of ours that fired becomes the taxonomy error.
 
 
-def _translate(call: _Call, timer: asyncio.Timeout, exc: TimeoutError) -> TimeoutError:
+def _translate(call: _Call, timer: _alarms.Timeout, exc: TimeoutError) -> TimeoutError:
     """The taxonomy error for `exc` if one of our limits fired, else `exc` itself."""
     if timer.expired():
         return call.error()
@@ -185,7 +185,7 @@ class _Content:
         try:
             if self._inner.is_eof():  # the rest of the body is buffered: no wait, no timer
                 return await read
-            timer = asyncio.timeout_at(call.at(call.budget.limit("total")))
+            timer = _alarms.Timeout(call.at(call.budget.limit("total")))
             try:
                 async with timer:
                     return await read
@@ -432,7 +432,7 @@ class Session:
         try:
             eager = self._eager or "middlewares" in kwargs
             first = call.at(budget.limit("pool")) if eager else None
-            guard = call.guard = asyncio.timeout_at(first)
+            guard = call.guard = _alarms.Timeout(first)
             try:
                 async with guard:  # leaving it cancels the timer: the head has arrived
                     response = await self.client._request(

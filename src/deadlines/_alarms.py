@@ -1,0 +1,224 @@
+"""`Timeout`: asyncio.Timeout's contract on one shared timer per event loop.
+
+``asyncio.timeout`` arms a `TimerHandle` of its own for every block and cancels it on
+the way out. A service under load enters thousands of such blocks a second (one per
+request, more per outbound call), nearly all of which end long before their deadline,
+so it pays for a timer object, a heap push and a cancelled entry in the loop's heap
+every time. Here every armed `Timeout` of a loop is an entry in one heap of ours, and
+the loop holds a single timer: the one for the earliest live entry. Leaving a block
+only marks its entry dead; dead entries are dropped when they reach the top, and the
+loop's timer, when it fires at an instant whose entry has gone, simply re-arms itself
+for the earliest live one. Precision is the loop's own: the same `call_at`, one timer.
+
+The contract is asyncio's: the task is cancelled at `when`, and the block raises
+`TimeoutError` when that cancellation (and no other) ended it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+import weakref
+from heapq import heapify, heappop, heappush
+from types import TracebackType
+from typing import Any, Final
+
+__all__ = ["Timeout"]
+
+_CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(5)
+_STATE_NAMES: Final = ("created", "active", "expiring", "expired", "finished")
+# A loop timer may run up to the clock's resolution early (asyncio's own rule).
+_RESOLUTION: Final = time.get_clock_info("monotonic").resolution
+_COMPACT_AT: Final = 256  # heap size from which dead entries are swept in bulk
+
+_order = itertools.count()  # ties in `when` keep arrival order; entries never compare alarms
+
+
+class Timeout:
+    """Cancel the current task at loop time `when` (None: never, until `reschedule`).
+
+    Used as ``async with``, like ``asyncio.timeout_at``; `enter` and `leave` are the
+    same steps without a coroutine, for callers that are context managers themselves.
+    """
+
+    __slots__ = ("_cancelling", "_clock", "_entry", "_state", "_task", "_when")
+
+    def __init__(self, when: float | None) -> None:
+        self._when = when
+        self._state = _CREATED
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._clock: _LoopClock | None = None
+        self._entry: list[Any] | None = None
+
+    def when(self) -> float | None:
+        """The loop time at which the task is cancelled, or None."""
+        return self._when
+
+    def expired(self) -> bool:
+        """Whether this timeout fired (its cancellation is on its way or was delivered)."""
+        return self._state == _EXPIRING or self._state == _EXPIRED
+
+    def enter(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Arm for the current task of `loop` (the running loop)."""
+        if self._state != _CREATED:
+            raise RuntimeError("a Timeout can be entered only once")
+        task = asyncio.current_task(loop)
+        if task is None:
+            raise RuntimeError("a Timeout must be used inside a task")
+        self._state = _ENTERED
+        self._task = task
+        self._cancelling = task.cancelling()
+        self._clock = _clock_for(loop)
+        if self._when is not None:
+            self._entry = self._clock.arm(self._when, self)
+
+    def reschedule(self, when: float | None) -> None:
+        """Move the instant (None: never) while the block runs."""
+        if self._state != _ENTERED:
+            raise RuntimeError(f"cannot reschedule a {_STATE_NAMES[self._state]} Timeout")
+        assert self._clock is not None
+        if self._entry is not None:
+            self._clock.disarm(self._entry)
+            self._entry = None
+        self._when = when
+        if when is not None:
+            self._entry = self._clock.arm(when, self)
+
+    def leave(self, exc_type: type[BaseException] | None) -> bool:
+        """Disarm; True when this timeout's own cancellation ended the block.
+
+        True means the caller should raise its timeout error: the cancellation was ours,
+        no other cancellation is pending, and it reached the block (``CancelledError``).
+        """
+        state = self._state
+        if state == _ENTERED:
+            self._state = _EXITED
+            if self._entry is not None:
+                assert self._clock is not None
+                self._clock.disarm(self._entry)
+                self._entry = None
+            self._task = None
+            return False
+        if state != _EXPIRING:
+            raise RuntimeError(f"cannot leave a {_STATE_NAMES[state]} Timeout")
+        self._state = _EXPIRED
+        task, self._task = self._task, None
+        assert task is not None
+        return task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
+
+    def _fire(self) -> None:
+        """Called by the loop clock at `when`: cancel the task."""
+        self._entry = None
+        self._state = _EXPIRING
+        assert self._task is not None
+        self._task.cancel()
+
+    async def __aenter__(self) -> Timeout:
+        self.enter(asyncio.get_running_loop())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.leave(exc_type):
+            raise TimeoutError from exc
+
+    def __repr__(self) -> str:
+        return f"<deadlines Timeout [{_STATE_NAMES[self._state]}] when={self._when}>"
+
+
+class _LoopClock:
+    """The heap of armed timeouts of one loop, and the loop timer for the earliest one.
+
+    Entries are ``[when, order, timeout]`` lists; a dead entry has ``None`` for its
+    timeout. Lists compare by (when, order), which is unique, so timeouts are never
+    compared.
+    """
+
+    __slots__ = ("__weakref__", "_at", "_handle", "_heap", "_live", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        # Weak: the clocks dictionary is keyed by the loop and must not keep it alive.
+        self._loop = weakref.ref(loop)
+        self._heap: list[list[Any]] = []
+        self._live = 0
+        self._handle: asyncio.Handle | None = None
+        self._at = 0.0  # when `_handle` runs
+
+    def arm(self, when: float, timeout: Timeout) -> list[Any]:
+        entry = [when, next(_order), timeout]
+        heappush(self._heap, entry)
+        self._live += 1
+        if self._handle is None or when < self._at:
+            self._schedule(when)
+        return entry
+
+    def disarm(self, entry: list[Any]) -> None:
+        entry[2] = None
+        self._live -= 1
+        heap = self._heap
+        while heap and heap[0][2] is None:
+            heappop(heap)
+        if len(heap) >= _COMPACT_AT and len(heap) > 4 * self._live:
+            # Timeouts left in the middle of the heap (a long one at the top holds the
+            # short ones behind it): sweep them all at once.
+            self._heap = [e for e in heap if e[2] is not None]
+            heapify(self._heap)
+
+    def _schedule(self, when: float) -> None:
+        loop = self._loop()
+        if loop is None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+        self._at = when
+        if when <= loop.time():  # as asyncio: before whatever the task does next
+            self._handle = loop.call_soon(self._run)
+        else:
+            self._handle = loop.call_at(when, self._run)
+
+    def _run(self) -> None:
+        self._handle = None
+        loop = self._loop()
+        if loop is None:
+            return
+        due = loop.time() + _RESOLUTION
+        while self._heap:
+            heap = self._heap  # read anew each time: disarming may compact it
+            entry = heap[0]
+            timeout = entry[2]
+            if timeout is None:
+                heappop(heap)
+                continue
+            if entry[0] > due:
+                self._schedule(entry[0])
+                return
+            heappop(heap)
+            entry[2] = None
+            self._live -= 1
+            timeout._fire()
+
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClock] = (
+    weakref.WeakKeyDictionary()
+)
+_clocks_lock = threading.Lock()
+_last = threading.local()  # each thread's last clock: one loop per thread is the rule
+
+
+def _clock_for(loop: asyncio.AbstractEventLoop) -> _LoopClock:
+    clock: _LoopClock | None = getattr(_last, "clock", None)
+    if clock is not None and clock._loop() is loop:
+        return clock
+    with _clocks_lock:
+        clock = _clocks.get(loop)
+        if clock is None:
+            clock = _clocks[loop] = _LoopClock(loop)
+    _last.clock = clock
+    return clock
