@@ -25,6 +25,8 @@ from heapq import heapify, heappop, heappush
 from types import TracebackType
 from typing import Any, Final
 
+from . import _loop
+
 __all__ = ["Timeout"]
 
 _CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(5)
@@ -117,7 +119,10 @@ class Timeout:
         self._task.cancel()
 
     async def __aenter__(self) -> Timeout:
-        self.enter(asyncio.get_running_loop())
+        loop = _loop.running()
+        if loop is None:
+            raise RuntimeError("a Timeout needs a running asyncio loop")
+        self.enter(loop)
         return self
 
     async def __aexit__(

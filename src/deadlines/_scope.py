@@ -18,7 +18,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar
 
-from . import _alarms, _clock, _validate
+from . import _alarms, _clock, _loop, _validate
 from ._deadline import Deadline
 from ._errors import DeadlineExceeded, Phase
 
@@ -174,7 +174,7 @@ class scope:
         deadline = self._enter()
         if deadline is not None:
             try:
-                loop = asyncio._get_running_loop()
+                loop = _loop.running()
                 if loop is not None:  # the common case, kept to one coroutine layer
                     timeout = _alarms.Timeout(loop.time() + deadline.remaining())
                     timeout.enter(loop)
@@ -220,7 +220,7 @@ class _Canceller:
     async def start(cls, deadline: Deadline) -> _Canceller:
         """Arm a canceller for `deadline` in the running task."""
         self = cls()
-        loop = asyncio._get_running_loop()
+        loop = _loop.running()
         if loop is not None:
             self._asyncio = _alarms.Timeout(loop.time() + deadline.remaining())
             self._asyncio.enter(loop)

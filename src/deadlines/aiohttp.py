@@ -52,7 +52,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "deadlines.aiohttp needs aiohttp: install it with `pip install 'deadlines[aiohttp]'`"
     ) from exc
 
-from . import _alarms, _clock, retry
+from . import _alarms, _clock, _loop, retry
 from ._budget import CallBudget, Limit
 from ._dependency import Dependency
 from .wire import HEADER
@@ -427,7 +427,7 @@ class Session:
     async def _attempt(self, method: str, url: Any, kwargs: dict[str, Any]) -> Response:
         budget = CallBudget(self.dependency)  # BudgetExhausted here: nothing was sent
         budget.__enter__()
-        call = _Call(budget, asyncio.get_running_loop())
+        call = _Call(budget, _loop.running() or asyncio.get_running_loop())
         token = _current.set(call)
         try:
             eager = self._eager or "middlewares" in kwargs

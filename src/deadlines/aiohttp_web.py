@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import _clock, _events, _inbound, _validate, wire
+from . import _clock, _events, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
@@ -118,7 +118,7 @@ class DeadlineMiddleware:
                 _events.emit(_events.RequestFinished(route, outcome, duration, budget))
 
     def _poller(self) -> _Poller:
-        loop = asyncio.get_running_loop()
+        loop = _loop.running() or asyncio.get_running_loop()
         last_loop, last = self._last
         if last_loop is loop and last is not None:
             return last
@@ -200,7 +200,7 @@ class _Watch:
         self.caller_left: CallerLeft | None = None
 
     async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
-        self._host = asyncio.current_task()
+        self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
         self._poller.add(self)
         try:
             async with deadline_scope(budget):

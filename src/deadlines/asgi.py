@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any
 
-from . import _clock, _events, _inbound, _validate, wire
+from . import _clock, _events, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
@@ -340,13 +340,13 @@ class _Exchange:
     # Watching for the caller leaving.
 
     def _arm(self, expect_continue: bool) -> None:
-        try:
-            self._host = asyncio.current_task()
-        except RuntimeError:  # not asyncio (trio): the deadline applies, no watcher
+        loop = _loop.running()
+        if loop is None:  # not asyncio (trio): the deadline applies, no watcher
             return
+        self._host = asyncio.current_task(loop)
         if self._host is None:
             return
-        self._loop = self._host.get_loop()
+        self._loop = loop
         # With "Expect: 100-continue" the server answers "100 Continue" on the first
         # receive(); read ahead only after the app asked for the body itself.
         self._may_read_ahead = not expect_continue

@@ -65,13 +65,15 @@ class OTel:
         return [s for s in self.spans.get_finished_spans() if s.name == name]
 
 
-def _make(*, call_spans: bool = True) -> Iterator[OTel]:
+def _make(*, call_spans: bool = True, outbound_budget: bool = False) -> Iterator[OTel]:
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     exporter = InMemorySpanExporter()
     tracers = TracerProvider()
     tracers.add_span_processor(SimpleSpanProcessor(exporter))
-    with otel.install(meters, tracers, call_spans=call_spans) as telemetry:
+    with otel.install(
+        meters, tracers, call_spans=call_spans, outbound_budget=outbound_budget
+    ) as telemetry:
         yield OTel(reader, exporter, tracers.get_tracer("test"), telemetry)
     meters.shutdown()
     tracers.shutdown()
@@ -180,9 +182,24 @@ async def test_remaining_budget_and_fail_fast_on_call_spans(tel: OTel) -> None:
     assert tel.point("deadlines.outbound.fail_fast", dependency="recs").value == 1
     assert in_flight.value == 1  # the hung call only, not the refused one
     assert tel.point("deadlines.outbound.in_flight", dependency="recs").value == 0
-    budget = tel.point("deadlines.outbound.budget", dependency="recs")
-    assert budget.count == 2  # the hung call had no deadline: no budget to record
     assert set(by_outcome) == {"ok", "budget_exhausted", "cancelled"}
+    # The budget histogram is opt-in (``outbound_budget=True``): the spans carry it.
+    assert tel.point("deadlines.outbound.budget", dependency="recs") is None
+
+
+async def test_outbound_budget_histogram_when_asked_for() -> None:
+    """``outbound_budget=True`` records the budget left at each call under a deadline."""
+    dep = Dependency("recs")
+    for tel in _make(outbound_budget=True):
+        with HealthyServer() as server:
+            async with AsyncClient(dep, base_url=server.url) as client:
+                async with deadlines.scope(2.0):
+                    await client.get("/")
+                    await client.get("/")
+                await client.get("/")  # no deadline: no budget to record
+        budget = tel.point("deadlines.outbound.budget", dependency="recs")
+        assert budget.count == 2
+        assert 3.0 < budget.sum <= 4.0
 
 
 def test_inbound_request_attributes_and_metrics(tel: OTel) -> None:
