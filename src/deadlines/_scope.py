@@ -170,33 +170,36 @@ class scope:
     def __exit__(self, *exc_info: object) -> None:
         self._exit()
 
-    async def __aenter__(self) -> Deadline | None:
+    def _enter_async(self) -> Deadline | None:
+        """What ``async with`` does on entry, as a plain call: set the deadline, arm it.
+
+        For integrations that hold the request open themselves (one coroutine less).
+        """
         deadline = self._enter()
         if deadline is not None:
             try:
                 loop = _loop.running()
-                if loop is not None:  # the common case, kept to one coroutine layer
-                    timeout = _alarms.Timeout(loop.time() + deadline.remaining())
+                if loop is not None:  # the common case, inline
+                    assert self._frame is not None
+                    when = loop.time() + (deadline.instant - self._frame.started)
+                    timeout = _alarms.Timeout(when)
                     timeout.enter(loop)
                     self._timeout = timeout
                 else:
-                    self._canceller = await _Canceller.start(deadline)
+                    self._canceller = _Canceller.start(deadline)
             except BaseException:
                 self._exit()
                 raise
         return deadline
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
+    def _exit_async(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
+        """What ``async with`` does on exit: disarm, restore, and raise `DeadlineExceeded`
+        when this scope's own cancellation ended the block."""
         try:
             if self._timeout is not None:
                 fired = self._timeout.leave(exc_type)
             elif self._canceller is not None:
-                fired = await self._canceller.stop(exc_type, exc, tb)
+                fired = self._canceller.stop(exc_type, exc)
             else:
                 fired = False
         finally:
@@ -204,6 +207,17 @@ class scope:
         if fired:
             assert self._frame is not None
             raise _exceeded(self._frame) from None
+
+    async def __aenter__(self) -> Deadline | None:
+        return self._enter_async()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._exit_async(exc_type, exc)
         return False
 
 
@@ -217,7 +231,7 @@ class _Canceller:
         self._trio: Any = None
 
     @classmethod
-    async def start(cls, deadline: Deadline) -> _Canceller:
+    def start(cls, deadline: Deadline) -> _Canceller:
         """Arm a canceller for `deadline` in the running task."""
         self = cls()
         loop = _loop.running()
@@ -232,15 +246,10 @@ class _Canceller:
         self._trio.__enter__()
         return self
 
-    async def stop(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool:
+    def stop(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> bool:
         """Disarm; True when this canceller's own cancellation ended the body."""
         if self._trio is not None:
-            self._trio.__exit__(exc_type, exc, tb)
+            self._trio.__exit__(exc_type, exc, None if exc is None else exc.__traceback__)
             return bool(self._trio.cancelled_caught)
         assert self._asyncio is not None
         return self._asyncio.leave(exc_type)

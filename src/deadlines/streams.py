@@ -207,14 +207,14 @@ async def _within(budget: CallBudget, which: _Which, awaitable: Awaitable[T]) ->
         if inspect.iscoroutine(awaitable):
             awaitable.close()
         raise _timeout(budget, which)
-    canceller = await _scope._Canceller.start(Deadline.after(limit))
+    canceller = _scope._Canceller.start(Deadline.after(limit))
     try:
         result = await awaitable
     except BaseException as exc:
-        if await canceller.stop(type(exc), exc, exc.__traceback__):
+        if canceller.stop(type(exc), exc):
             raise _timeout(budget, which) from None
         raise
-    await canceller.stop(None, None, None)
+    canceller.stop(None, None)
     return result
 
 
