@@ -40,6 +40,8 @@ handshake included.
 from __future__ import annotations
 
 import contextvars
+import ipaddress
+import socket
 import ssl
 import threading
 import typing
@@ -109,8 +111,8 @@ class _Call:
         self.connect_end = _clock.now() + timeout
         return timeout
 
-    def tls_timeout(self) -> float:
-        """What is left of the connect window for the TLS handshake."""
+    def connect_left(self) -> float:
+        """What is left of the connect window (for the TCP connect after DNS, for TLS)."""
         self.limit = "connect"
         return max(0.0, self.connect_end - _clock.now())
 
@@ -230,7 +232,7 @@ class _AsyncStream(httpcore.AsyncNetworkStream):
     ) -> httpcore.AsyncNetworkStream:
         call = _current.get()
         if call is not None:
-            timeout = call.tls_timeout()
+            timeout = call.connect_left()
         try:
             stream = await self._inner.start_tls(ssl_context, server_hostname, timeout)
         except BaseException:
@@ -316,7 +318,7 @@ class _SyncStream(httpcore.NetworkStream):
     ) -> httpcore.NetworkStream:
         call = _current.get()
         if call is not None:
-            timeout = _sync_timeout(call.tls_timeout())
+            timeout = _sync_timeout(call.connect_left())
         try:
             stream = self._inner.start_tls(ssl_context, server_hostname, timeout)
         except BaseException:
@@ -328,6 +330,106 @@ class _SyncStream(httpcore.NetworkStream):
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
+
+
+def _is_ip(host: str) -> bool:
+    """Whether `host` is an IP literal, which needs no name resolution."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+class _Lookup:
+    """One `getaddrinfo` running in its thread; its answer or error once `done` is set."""
+
+    __slots__ = ("addresses", "done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.addresses: list[str] = []
+        self.error: OSError | None = None
+
+
+class _Resolver:
+    """Name resolution for the blocking transport, each wait bounded by the caller.
+
+    A blocking ``getaddrinfo`` cannot be interrupted, and `socket.create_connection`
+    calls it with no timeout: a hung resolver held a call for as long as the system
+    resolver retries (glibc: 5 s × 2 attempts per nameserver by default). Here each
+    lookup runs in a daemon thread and the caller waits for it at most what is left of
+    its connect window. A lookup abandoned that way runs on until the system resolver
+    gives up, then its thread ends and its answer is dropped (nothing is cached). Hung
+    lookups cannot pile up: a caller asking for a name and port already being looked up
+    waits for that lookup instead of starting another, and at most `max_lookups` run at
+    once (a caller beyond that waits for a place, inside its own window).
+    """
+
+    def __init__(self, max_lookups: int) -> None:
+        self._lock = threading.Lock()
+        self._places = threading.BoundedSemaphore(max_lookups)
+        self._running: dict[tuple[str, int], _Lookup] = {}
+        #: Lookups started so far (for tests: an IP literal starts none).
+        self.started = 0
+
+    def resolve(self, host: str, port: int, timeout: float) -> list[str]:
+        """The addresses of `host`, in the resolver's order; ``ConnectTimeout`` after `timeout`."""
+        end = _clock.now() + timeout
+        lookup = self._lookup(host, port, timeout)
+        if lookup is None or not lookup.done.wait(max(0.0, end - _clock.now())):
+            raise httpcore.ConnectTimeout(
+                f"resolving {host!r} took longer than the {timeout * 1000:.0f} ms left to connect"
+            )
+        if lookup.error is not None:
+            raise httpcore.ConnectError(str(lookup.error)) from lookup.error
+        return lookup.addresses
+
+    def _lookup(self, host: str, port: int, timeout: float) -> _Lookup | None:
+        """The running lookup of (`host`, `port`), started if needed; None: no place in time."""
+        key = (host, port)
+        with self._lock:
+            lookup = self._running.get(key)
+        if lookup is not None:
+            return lookup
+        if not self._places.acquire(timeout=timeout):
+            return None
+        with self._lock:
+            lookup = self._running.get(key)
+            if lookup is not None:  # started by another caller meanwhile
+                self._places.release()
+                return lookup
+            lookup = self._running[key] = _Lookup()
+            self.started += 1
+        thread = threading.Thread(
+            target=self._run, args=(key, lookup), name="deadlines-resolve", daemon=True
+        )
+        try:
+            thread.start()
+        except BaseException:
+            self._done(key, lookup)
+            raise
+        return lookup
+
+    def _run(self, key: tuple[str, int], lookup: _Lookup) -> None:
+        try:
+            infos = socket.getaddrinfo(*key, type=socket.SOCK_STREAM)
+            lookup.addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        except OSError as exc:
+            lookup.error = exc
+        finally:
+            self._done(key, lookup)
+
+    def _done(self, key: tuple[str, int], lookup: _Lookup) -> None:
+        with self._lock:
+            del self._running[key]
+        self._places.release()
+        lookup.done.set()
+
+
+#: Distinct names the blocking transports may be resolving at once, hung ones included.
+_MAX_LOOKUPS = 16
+_resolver = _Resolver(_MAX_LOOKUPS)
 
 
 class _SyncBackend(httpcore.NetworkBackend):
@@ -343,12 +445,39 @@ class _SyncBackend(httpcore.NetworkBackend):
         socket_options: typing.Iterable[Any] | None = None,
     ) -> httpcore.NetworkStream:
         call = _current.get()
-        if call is not None:
-            timeout = _sync_timeout(call.connect_timeout())
-        stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        if call is None or _is_ip(host):
+            if call is not None:
+                timeout = _sync_timeout(call.connect_timeout())
+            stream = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        else:
+            stream = self._connect_by_name(call, host, port, local_address, socket_options)
         if call is not None:
             call.connected()
         return _SyncStream(stream)
+
+    def _connect_by_name(
+        self,
+        call: _Call,
+        host: str,
+        port: int,
+        local_address: str | None,
+        socket_options: typing.Iterable[Any] | None,
+    ) -> httpcore.NetworkStream:
+        """Resolve in a thread, then try each address, all inside the connect window."""
+        addresses = _resolver.resolve(host, port, call.connect_timeout())
+        options = None if socket_options is None else list(socket_options)
+        error: Exception | None = None
+        for address in addresses:
+            left = call.connect_left()
+            if left <= 0.0:
+                raise httpcore.ConnectTimeout(f"no time left to connect to {host!r}")
+            try:
+                return self._inner.connect_tcp(
+                    address, port, _sync_timeout(left), local_address, options
+                )
+            except httpcore.ConnectError as exc:  # refused, unreachable: try the next one
+                error = exc
+        raise error or httpcore.ConnectError(f"{host!r} resolved to no address")
 
     def connect_unix_socket(
         self,
