@@ -63,11 +63,12 @@ class Timeout:
         """Whether this timeout fired (its cancellation is on its way or was delivered)."""
         return self._state == _EXPIRING or self._state == _EXPIRED
 
-    def enter(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Arm for the current task of `loop` (the running loop)."""
+    def enter(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any] | None = None) -> None:
+        """Arm for `task`, by default the current task of `loop` (the running loop)."""
         if self._state != _CREATED:
             raise RuntimeError("a Timeout can be entered only once")
-        task = asyncio.current_task(loop)
+        if task is None:
+            task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a Timeout must be used inside a task")
         self._state = _ENTERED

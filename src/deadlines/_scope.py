@@ -170,20 +170,25 @@ class scope:
     def __exit__(self, *exc_info: object) -> None:
         self._exit()
 
-    def _enter_async(self) -> Deadline | None:
+    def _enter_async(
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        task: asyncio.Task[Any] | None = None,
+    ) -> Deadline | None:
         """What ``async with`` does on entry, as a plain call: set the deadline, arm it.
 
-        For integrations that hold the request open themselves (one coroutine less).
+        `loop` is the running asyncio loop (`_loop.running()`, None under trio) and
+        `task` the current task if the caller has it: for integrations that hold the
+        request open themselves and look both up once.
         """
         deadline = self._enter()
         if deadline is not None:
             try:
-                loop = _loop.running()
                 if loop is not None:  # the common case, inline
                     assert self._frame is not None
                     when = loop.time() + (deadline.instant - self._frame.started)
                     timeout = _alarms.Timeout(when)
-                    timeout.enter(loop)
+                    timeout.enter(loop, task)
                     self._timeout = timeout
                 else:
                     self._canceller = _Canceller.start(deadline)
@@ -209,7 +214,7 @@ class scope:
             raise _exceeded(self._frame) from None
 
     async def __aenter__(self) -> Deadline | None:
-        return self._enter_async()
+        return self._enter_async(_loop.running())
 
     async def __aexit__(
         self,

@@ -257,13 +257,14 @@ class _Exchange:
 
         `found` is the header's value (None without a valid one), `budget` what it gave.
         """
-        if _events.active():
+        if _events._observers:
             _events.emit(_events.RequestStarted(route, budget))
         if budget <= 0.0:
             await self._answer_timeout(found, limits_, budget)
             self._finish(route, "budget_exhausted", budget)
             return
-        self._arm(expect)
+        loop = _loop.running()
+        self._arm(loop, expect)
         outcome: RequestOutcome = "error"
         try:
             # The app is called here, not in a helper coroutine, and the scope is entered
@@ -271,7 +272,7 @@ class _Exchange:
             # request.
             try:
                 guard = deadline_scope(budget)
-                guard._enter_async()
+                guard._enter_async(loop, self._host)
                 try:
                     await self._mw.app(self.scope, self.receive, self.send)
                 except BaseException as exc:
@@ -341,14 +342,13 @@ class _Exchange:
             pass
 
     def _finish(self, route: str, outcome: RequestOutcome, budget: float) -> None:
-        if _events.active():
+        if _events._observers:
             duration = _clock.now() - self._started_at
             _events.emit(_events.RequestFinished(route, outcome, duration, budget))
 
     # Watching for the caller leaving.
 
-    def _arm(self, expect_continue: bool) -> None:
-        loop = _loop.running()
+    def _arm(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
         if loop is None:  # not asyncio (trio): the deadline applies, no watcher
             return
         self._host = asyncio.current_task(loop)
