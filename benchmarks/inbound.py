@@ -10,6 +10,7 @@ Per round: throughput, each request's latency, and the server's CPU time per req
 
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -29,15 +30,28 @@ class Round:
     loadgen_cpu_share: float  # the generator's CPU seconds over the window
 
 
-def _round(loadgen: Child, server: Child, seconds: float, warmup: float) -> Round:
+def _pin(loadgen: Child, server: Child) -> None:
+    """The load generator on one core, the server on another, when there are two.
+
+    Left to the scheduler, the two sometimes share a core for part of a round, which
+    halves that round's throughput for reasons that have nothing to do with the server.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:
+        os.sched_setaffinity(loadgen.pid, {cores[0]})
+        os.sched_setaffinity(server.pid, {cores[1]})
+
+
+def _round(loadgen: Child, server: Child, seconds: float, warmup: float, path: str = "/") -> Round:
     command: dict[str, Any] = {
         "port": server.port,
         "connections": CONNECTIONS,
         "warmup": warmup,
         "seconds": seconds,
-        "path": "/",
+        "path": path,
         "headers": {"x-request-timeout-ms": "2000"},
     }
+    _pin(loadgen, server)
     cpu = cpu_seconds(server.pid)
     answer = loadgen.ask(command, timeout=warmup + seconds + 30)
     used = cpu_seconds(server.pid) - cpu
@@ -75,16 +89,42 @@ def run(quick: bool) -> list[Comparison]:
             for k in order:
                 results[k].append(_round(loadgen, servers[k], seconds, warmup))
     a, b, c = results
-    rows = _rows(a, b, "Starlette + DeadlineMiddleware", "inbound")
-    rows += _rows(a, c, "Starlette + DeadlineMiddleware(watch_after=60)", "inbound, no watcher")
-    for row in rows[len(rows) // 2 :]:
+    rows = _rows(a, b, ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound")
+    ablation = _rows(
+        a,
+        c,
+        ("Starlette under uvicorn", "Starlette + DeadlineMiddleware(watch_after=60)"),
+        "inbound, no watcher",
+    )
+    for row in ablation:
         row.goal = "report"  # an ablation, not the goal: the watcher is on by default
         row.passed = None
-    return rows
+    return rows + ablation + _fastapi(rounds, seconds, warmup)
 
 
-def _rows(a: list[Round], b: list[Round], b_label: str, prefix: str) -> list[Comparison]:
-    labels = ("Starlette under uvicorn", b_label)
+FASTAPI_PATH = "/items/42?q=x"
+
+
+def _fastapi(rounds: int, seconds: float, warmup: float) -> list[Comparison]:
+    """The same comparison on a typical route: FastAPI, a path parameter, a pydantic model."""
+    with (
+        Child("servers.py", "fastapi") as bare,
+        Child("servers.py", "fastapi", "--deadlines") as ours,
+        Child("loadgen.py") as loadgen,
+    ):
+        for server in (bare, ours):
+            _round(loadgen, server, 0.5, 0.2, FASTAPI_PATH)
+        a: list[Round] = []
+        b: list[Round] = []
+        for i in range(rounds):
+            first, second = ((bare, a), (ours, b)) if i % 2 == 0 else ((ours, b), (bare, a))
+            for server, results in (first, second):
+                results.append(_round(loadgen, server, seconds, warmup, FASTAPI_PATH))
+    labels = ("FastAPI JSON route under uvicorn", "FastAPI + DeadlineMiddleware")
+    return _rows(a, b, labels, "inbound, FastAPI route")
+
+
+def _rows(a: list[Round], b: list[Round], labels: tuple[str, str], prefix: str) -> list[Comparison]:
     pairs = list(zip(a, b, strict=True))
     notes = {
         "connections": CONNECTIONS,

@@ -3,6 +3,7 @@
     python benchmarks/servers.py fast          # answers every GET at once: 200 "ok"
     python benchmarks/servers.py silent        # reads requests, never answers
     python benchmarks/servers.py starlette [--deadlines]   # uvicorn + a one-route app
+    python benchmarks/servers.py fastapi [--deadlines]     # uvicorn + a FastAPI JSON route
 
 Each prints ``READY {"port": N}`` once it listens on 127.0.0.1 and runs until SIGTERM
 (or until its parent is gone). `fast` and `silent` are bare asyncio protocols, far
@@ -117,6 +118,33 @@ def starlette_app(*, with_deadlines: bool, watch_after: float | None = None) -> 
     return Starlette(routes=[Route("/", home)], middleware=middleware)
 
 
+def fastapi_app(*, with_deadlines: bool) -> Any:
+    """``GET /items/{item_id}?q=`` → a validated pydantic model as JSON, as real routes do."""
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+
+    class Item(BaseModel):
+        id: int
+        name: str
+        price: float
+        tags: list[str]
+        query: str | None = None
+
+    app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
+    if with_deadlines:
+        from deadlines.asgi import DeadlineMiddleware
+
+        app.add_middleware(DeadlineMiddleware, default=2.0, maximum=10.0)
+
+    # response_model, not the return annotation: this module's annotations are strings
+    # and `Item` is local, out of FastAPI's reach.
+    @app.get("/items/{item_id}", response_model=Item)
+    async def item(item_id: int, q: str | None = None) -> Any:
+        return Item(id=item_id, name=f"item {item_id}", price=9.5, tags=["a", "b"], query=q)
+
+    return app
+
+
 def _serve_uvicorn(app: Any) -> None:
     import uvicorn
 
@@ -132,8 +160,8 @@ def _serve_uvicorn(app: Any) -> None:
 def main() -> None:
     """Serve the chosen kind until SIGTERM."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["fast", "silent", "starlette"])
-    parser.add_argument("--deadlines", action="store_true", help="starlette: add the middleware")
+    parser.add_argument("kind", choices=["fast", "silent", "starlette", "fastapi"])
+    parser.add_argument("--deadlines", action="store_true", help="add the middleware")
     parser.add_argument("--watch-after", type=float, help="the middleware's watch_after (s)")
     args = parser.parse_args()
     exit_with_parent()
@@ -141,6 +169,8 @@ def main() -> None:
         asyncio.run(_serve_protocol(_Fast))
     elif args.kind == "silent":
         asyncio.run(_serve_protocol(_Silent))
+    elif args.kind == "fastapi":
+        _serve_uvicorn(fastapi_app(with_deadlines=args.deadlines))
     else:
         _serve_uvicorn(starlette_app(with_deadlines=args.deadlines, watch_after=args.watch_after))
 
