@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -63,7 +64,7 @@ async def _request(method: str, path: str, body: bytes = b"") -> int:
         await asyncio.sleep(3600)  # a client that stays: never http.disconnect
         raise AssertionError("unreachable")
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: MutableMapping[str, Any]) -> None:
         if message["type"] == "http.response.start":
             statuses.append(message["status"])
 
