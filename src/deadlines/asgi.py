@@ -20,7 +20,10 @@ exactly the messages the server sent, in order. When the watcher receives
 ``http.disconnect`` before the response is complete, it cancels the request's task with
 a `CallerLeft` reason. Requests that finish sooner never pay for a watcher.
 
-Only asyncio servers get the caller-left watcher; under trio the deadline still applies.
+Under trio (hypercorn's trio worker) the same happens with trio's means: the watcher
+cancels the cancel scope the app runs in (the deadline's own), and it is a trio system
+task, started after `watch_after` by one sweeper task per trio run, so that here too a
+request that ends sooner starts no task.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from . import _clock, _events, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
+from ._scope import _running_trio
 from ._scope import scope as deadline_scope
 
 __all__ = ["DeadlineMiddleware", "Limits", "limits"]
@@ -107,6 +111,7 @@ class DeadlineMiddleware:
             weakref.WeakKeyDictionary()
         )
         self._last: tuple[asyncio.AbstractEventLoop | None, _Sweeper | None] = (None, None)
+        self._trio_sweepers: Any = None  # a trio RunVar, made by the first request under trio
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run one ASGI connection scope; only ``http`` is handled, the rest pass through."""
@@ -130,6 +135,16 @@ class DeadlineMiddleware:
         if sweeper is None:
             sweeper = self._sweepers[loop] = _Sweeper(loop, self._watch_after)
         self._last = (loop, sweeper)
+        return sweeper
+
+    def _trio_sweeper_for(self, trio: Any) -> _TrioSweeper:
+        runs = self._trio_sweepers
+        if runs is None:
+            runs = self._trio_sweepers = trio.lowlevel.RunVar("deadlines.asgi.sweeper")
+        sweeper: _TrioSweeper | None = runs.get(None)
+        if sweeper is None:
+            sweeper = _TrioSweeper(trio, self._watch_after)
+            runs.set(sweeper)
         return sweeper
 
     def _route(self, scope: Scope) -> tuple[str, Limits]:
@@ -264,6 +279,11 @@ class _Exchange:
             self._finish(route, "budget_exhausted", budget)
             return
         loop = _loop.running()
+        if loop is None:
+            trio = _running_trio()
+            if trio is not None:
+                await _TrioExchange(self, trio).run_trio(route, limits_, found, budget, expect)
+                return
         self._arm(loop, expect)
         outcome: RequestOutcome = "error"
         try:
@@ -349,7 +369,7 @@ class _Exchange:
     # Watching for the caller leaving.
 
     def _arm(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
-        if loop is None:  # not asyncio (trio): the deadline applies, no watcher
+        if loop is None:  # neither asyncio nor trio: the deadline applies, no watcher
             return
         self._host = asyncio.current_task(loop)
         if self._host is None:
@@ -517,6 +537,190 @@ class _Sweeper:
                 return
             del pending[exchange]
             exchange._start_pump()
+
+
+class _TrioExchange(_Exchange):
+    """`_Exchange` under trio: the watcher cancels the cancel scope the app runs in.
+
+    The watcher is a trio system task (a request's task has no nursery to start it in)
+    with its own cancel scope, closed when the request ends; readers and the watcher
+    wait on trio Events where the asyncio exchange uses futures.
+    """
+
+    __slots__ = ("_arrived", "_gone", "_pump_scope", "_space", "_trio", "_trio_sweeper")
+
+    def __init__(self, exchange: _Exchange, trio: Any) -> None:
+        super().__init__(
+            exchange._mw, exchange.scope, exchange._receive, exchange._send, exchange._started_at
+        )
+        self._trio = trio
+        self._gone: Any = None  # the CancelScope around the app (the deadline's)
+        self._pump_scope: Any = None  # the watcher's CancelScope, once started
+        self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
+        self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
+        self._trio_sweeper: _TrioSweeper | None = None
+
+    async def run_trio(
+        self, route: str, limits_: Limits, found: float | None, budget: float, expect: bool
+    ) -> None:
+        """`run` after its start, under trio: the app under the deadline, watched."""
+        outcome: RequestOutcome = "error"
+        try:
+            try:
+                guard = deadline_scope(budget)
+                guard._enter_async(None)
+                # The caller leaving cancels the deadline's own trio CancelScope (one
+                # scope per request, not two: each costs microseconds); its exit then
+                # raises DeadlineExceeded, which `caller_left` turns into that outcome.
+                assert guard._canceller is not None
+                self._gone = guard._canceller._trio
+                try:
+                    # With "Expect: 100-continue", read ahead only after the app asked.
+                    self._may_read_ahead = not expect
+                    self._trio_sweeper = self._mw._trio_sweeper_for(self._trio)
+                    self._trio_sweeper.add(self)
+                    await self._mw.app(self.scope, self.receive, self.send)
+                except BaseException as exc:
+                    guard._exit_async(type(exc), exc)
+                    raise
+                guard._exit_async(None, None)
+                outcome = "ok"
+            except DeadlineExceeded:
+                if self.caller_left is None and not self.complete:
+                    raise
+                # Gone: the caller left; complete: only cleanup after the response was cut.
+                outcome = "caller_left" if self.caller_left is not None else "ok"
+            except Exception:
+                if self.caller_left is None:
+                    raise
+                # Failed because the caller went away (a closed connection), or an
+                # exception group that held the cancellation: nobody is left to tell.
+                _log.debug("error after the caller left", exc_info=True)
+            if self.caller_left is not None:
+                outcome = "caller_left"
+                await self._answer_gone()
+        except DeadlineExceeded as exc:
+            outcome = _inbound.deadline_outcome(exc)
+            if self.started:
+                raise  # the response is half out: let the server drop the connection
+            await self._answer_timeout(found, limits_, budget)
+        finally:
+            self._disarm()
+            if self.caller_left is not None:
+                outcome = "caller_left"
+            self._finish(route, outcome, budget)
+
+    def _disarm(self) -> None:
+        self._active = False
+        if self._trio_sweeper is not None:
+            self._trio_sweeper.discard(self)
+        if self._pump_scope is not None:
+            self._pump_scope.cancel()
+
+    def _start_pump(self) -> None:
+        if not self._active or self._eof or self.complete or self._pump_scope is not None:
+            return
+        if self._direct or not self._may_read_ahead:
+            self._pump_wanted = True  # start when the app's own read returns
+            return
+        self._pump_scope = self._trio.CancelScope()
+        self._trio.lowlevel.spawn_system_task(self._run_pump, name="deadlines-asgi-watch")
+
+    async def _run_pump(self) -> None:
+        with self._pump_scope:
+            try:
+                while True:
+                    while self._bytes >= self._mw._read_ahead and self._bytes:
+                        space = self._space = self._trio.Event()
+                        await space.wait()
+                    message = await self._receive()
+                    if self.buffer is None:
+                        self.buffer = deque()
+                    self.buffer.append(message)
+                    self._bytes += len(message.get("body", b""))
+                    self._wake_readers()
+                    self._note(message)
+                    if message["type"] == "http.disconnect":
+                        return
+            except Exception as exc:  # the server's receive failed: hand it to the app
+                self._pump_error = exc
+                self._wake_readers()
+
+    def _wake_readers(self) -> None:
+        arrived, self._arrived = self._arrived, None
+        if arrived is not None:
+            arrived.set()
+
+    def _note(self, message: Message) -> None:
+        super()._note(message)
+        if self.caller_left is not None and self._gone is not None:
+            self._gone.cancel()  # from any task, the request's own included
+
+    async def receive(self) -> Message:
+        """The next message the server sent, through the watcher's buffer if it runs."""
+        while True:
+            buffer = self.buffer
+            if buffer:
+                message = buffer[0]
+                if message["type"] != "http.disconnect":  # repeat disconnect forever
+                    buffer.popleft()
+                    self._bytes -= len(message.get("body", b""))
+                    space, self._space = self._space, None
+                    if space is not None:
+                        space.set()
+                return message
+            if self._pump_error is not None:
+                raise self._pump_error
+            if self._pump_scope is None:
+                return await self._read_direct()
+            arrived = self._arrived
+            if arrived is None:
+                arrived = self._arrived = self._trio.Event()
+            await arrived.wait()
+
+
+class _TrioSweeper:
+    """`_Sweeper` under trio: one system task per trio run starts the due watchers.
+
+    A request that ends within `after` costs a dict insert and delete, and wakes the
+    task only when it was idle.
+    """
+
+    __slots__ = ("_after", "_idle", "_pending", "_trio")
+
+    def __init__(self, trio: Any, after: float) -> None:
+        self._trio = trio
+        self._after = after
+        self._pending: dict[_TrioExchange, float] = {}  # insertion order = arrival order
+        self._idle: Any = None  # the Event the task waits on while nothing is pending
+        trio.lowlevel.spawn_system_task(self._run, name="deadlines-asgi-sweeper")
+
+    def add(self, exchange: _TrioExchange) -> None:
+        self._pending[exchange] = self._trio.current_time()
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.set()
+
+    def discard(self, exchange: _TrioExchange) -> None:
+        self._pending.pop(exchange, None)
+
+    async def _run(self) -> None:
+        trio, pending = self._trio, self._pending
+        while True:
+            if not pending:
+                idle = self._idle = trio.Event()
+                await idle.wait()
+                continue
+            exchange, arrived = next(iter(pending.items()))
+            due = arrived + self._after
+            if due > trio.current_time():
+                await trio.sleep_until(due)
+                continue
+            del pending[exchange]
+            try:
+                exchange._start_pump()
+            except Exception:  # never let a system task fail: that ends the whole run
+                _log.exception("could not start the caller-left watcher")
 
 
 def _routes_of(app: Any) -> list[Any] | None:
