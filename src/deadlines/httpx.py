@@ -23,6 +23,11 @@ request, from the `Dependency` and the current deadline (`deadlines.CallBudget`)
 * ``x-request-timeout-ms`` carries the time left: set once the call is admitted to the
   pool, refreshed after a new connection is up.
 
+The blocking transport resolves names in a thread (`_Resolver`), so that DNS too ends
+with the connect window. With ``http2=True`` the requests to one origin are streams on
+one connection, and each keeps its own limits: a stream whose limit fires is reset
+(RST_STREAM) and the connection serves the others on.
+
 Each limit that fires is raised as the matching `CallTimeout` subclass (or
 `DeadlineExceeded` when the request's deadline was the binding limit), translated from
 httpcore's errors at one boundary. Other transport errors are httpx's own
@@ -39,13 +44,14 @@ handshake included.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import ipaddress
 import socket
 import ssl
 import threading
 import typing
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from typing import Any, Literal, NoReturn
 
 try:
@@ -92,6 +98,9 @@ class _Call:
         "limit",
         "phase",
         "request_sent",
+        "scope",
+        "stream",
+        "stream_id",
     )
 
     def __init__(self, budget: CallBudget) -> None:
@@ -103,12 +112,24 @@ class _Call:
         self.headers_end = 0.0
         #: The outgoing request's header list, while the header is ours to refresh.
         self.headers: list[tuple[bytes, bytes]] | None = None
+        #: Async with HTTP/2 enabled: the cancel scope bounding the wait for the response
+        #: head, its deadline moved along as the phases begin (`follow`).
+        self.scope: anyio.CancelScope | None = None
+        #: HTTP/2: the shared connection's stream and this request's stream id on it.
+        self.stream: _AsyncStream | _SyncStream | None = None
+        self.stream_id: int | None = None
+
+    def follow(self, seconds: float) -> None:
+        """Move the cancel scope's deadline (if any) to `seconds` from now."""
+        if self.scope is not None:
+            self.scope.deadline = anyio.current_time() + seconds
 
     def connect_timeout(self) -> float:
         """Start the connect window (DNS, TCP, TLS) and return its length."""
         self.phase, self.limit = "connect", "connect"
         timeout = self.budget.limit("connect")
         self.connect_end = _clock.now() + timeout
+        self.follow(timeout)
         return timeout
 
     def connect_left(self) -> float:
@@ -121,7 +142,9 @@ class _Call:
         if self.phase in ("pool", "connect"):
             self.phase, self.limit = "headers", "headers"
             self.request_sent = self.budget.request_sent = True
-            self.headers_end = _clock.now() + self.budget.limit("headers")
+            timeout = self.budget.limit("headers")
+            self.headers_end = _clock.now() + timeout
+            self.follow(timeout)
 
     def begin_body(self) -> None:
         """The response headers arrived; from now on each read is an idle gap."""
@@ -177,9 +200,18 @@ _NETWORK_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] 
 )
 
 
-def _translate(call: _Call, exc: Exception) -> Exception | None:
+class _Expired(BaseException):
+    """This request's limit ran out while it was reading for a shared HTTP/2 connection.
+
+    Raised instead of httpcore's ``ReadTimeout``, which httpcore would keep and raise on
+    every stream of the connection: as a `BaseException` (like a cancellation) it only
+    ends this request's stream. Always translated at the boundary (`_translate`).
+    """
+
+
+def _translate(call: _Call, exc: BaseException) -> Exception | None:
     """Our error for httpcore's `exc` (a timeout: the taxonomy; else httpx's), or None."""
-    if isinstance(exc, httpcore.TimeoutException):
+    if isinstance(exc, httpcore.TimeoutException | _Expired):
         return call.error()
     for theirs, ours in _NETWORK_ERRORS:
         if isinstance(exc, theirs):
@@ -187,14 +219,22 @@ def _translate(call: _Call, exc: Exception) -> Exception | None:
     return None
 
 
+def _raise_translated(call: _Call, exc: BaseException, *, finish: bool = False) -> NoReturn:
+    """Raise our error for `exc`, or `exc` itself when it is not httpcore's.
+
+    With `finish`, first report the end of the call (a body read that failed).
+    """
+    error = _translate(call, exc)
+    if finish:
+        call.budget.finish(exc if error is None else error)
+    if error is None:
+        raise exc
+    raise error from (None if isinstance(exc, _Expired) else exc)
+
+
 def _fail(call: _Call, exc: BaseException) -> NoReturn:
     """A body read failed: report the end of the call and raise our error for it."""
-    error = _translate(call, exc) if isinstance(exc, Exception) else None
-    if error is None:
-        call.budget.finish(exc)
-        raise exc
-    call.budget.finish(error)
-    raise error from exc
+    _raise_translated(call, exc, finish=True)
 
 
 def _request_sent(exc: BaseException) -> bool | None:
@@ -207,18 +247,47 @@ def _request_sent(exc: BaseException) -> bool | None:
 
 
 # Network backends: each socket operation bounded by the current call's limits.
+#
+# On an HTTP/2 connection ("shared": its requests are streams on one socket) a read is
+# done by whichever request holds httpcore's read lock, for all of them, and httpcore
+# keeps a read or write error and raises it on every stream. So no one request's limit
+# may become a socket timeout there: async reads are bounded by the reading request's
+# cancel scope instead (cancelling a read loses nothing), blocking reads raise
+# `_Expired`, and writes are never cut midway (half a frame would break the connection
+# for all): they are bounded by the writing call's end, but given at least
+# `_SHARED_WRITE_MIN` seconds, after which the connection is given up.
+
+_SHARED_WRITE_MIN = 1.0
+
+
+def _shared_write_timeout(call: _Call | None) -> float:
+    return max(_SHARED_WRITE_MIN, 0.0 if call is None else call.budget.left())
+
+
+def _negotiated_h2(stream: httpcore.AsyncNetworkStream | httpcore.NetworkStream) -> bool:
+    ssl_object = stream.get_extra_info("ssl_object")
+    return ssl_object is not None and ssl_object.selected_alpn_protocol() == "h2"
 
 
 class _AsyncStream(httpcore.AsyncNetworkStream):
-    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+    def __init__(self, inner: httpcore.AsyncNetworkStream, *, shared: bool = False) -> None:
         self._inner = inner
+        self.shared = shared
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         call = _current.get()
+        if self.shared:
+            return await self._inner.read(max_bytes, None if call is not None else timeout)
         return await self._inner.read(max_bytes, timeout if call is None else call.io_timeout())
 
     async def write(self, buffer: bytes, timeout: float | None = None) -> None:
         call = _current.get()
+        if self.shared:
+            if call is not None:
+                call.stream = self
+            with anyio.CancelScope(shield=True):
+                await self._inner.write(buffer, _shared_write_timeout(call))
+            return
         await self._inner.write(buffer, timeout if call is None else call.io_timeout())
 
     async def aclose(self) -> None:
@@ -243,15 +312,17 @@ class _AsyncStream(httpcore.AsyncNetworkStream):
             raise
         if call is not None:
             call.connected()
-        return _AsyncStream(stream)
+        return _AsyncStream(stream, shared=_negotiated_h2(stream))
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
 
 
 class _AsyncBackend(httpcore.AsyncNetworkBackend):
-    def __init__(self) -> None:
+    def __init__(self, *, prior_knowledge: bool = False) -> None:
         self._inner = httpcore.AnyIOBackend()  # asyncio and trio alike
+        #: HTTP/2 without TLS (``http1=False``): every TCP connection is shared.
+        self._shared = prior_knowledge
 
     async def connect_tcp(
         self,
@@ -267,7 +338,7 @@ class _AsyncBackend(httpcore.AsyncNetworkBackend):
         stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
         if call is not None:
             call.connected()
-        return _AsyncStream(stream)
+        return _AsyncStream(stream, shared=self._shared)
 
     async def connect_unix_socket(
         self,
@@ -281,7 +352,7 @@ class _AsyncBackend(httpcore.AsyncNetworkBackend):
         stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
         if call is not None:
             call.connected()
-        return _AsyncStream(stream)
+        return _AsyncStream(stream, shared=self._shared)
 
     async def sleep(self, seconds: float) -> None:
         await self._inner.sleep(seconds)
@@ -292,17 +363,29 @@ def _sync_timeout(timeout: float) -> float:
 
 
 class _SyncStream(httpcore.NetworkStream):
-    def __init__(self, inner: httpcore.NetworkStream) -> None:
+    def __init__(self, inner: httpcore.NetworkStream, *, shared: bool = False) -> None:
         self._inner = inner
+        self.shared = shared
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         call = _current.get()
-        if call is not None:
-            timeout = _sync_timeout(call.io_timeout())
-        return self._inner.read(max_bytes, timeout)
+        if call is None:
+            return self._inner.read(max_bytes, timeout)
+        timeout = _sync_timeout(call.io_timeout())
+        if not self.shared:
+            return self._inner.read(max_bytes, timeout)
+        try:
+            return self._inner.read(max_bytes, timeout)
+        except httpcore.ReadTimeout:
+            raise _Expired from None  # this request's limit, not the connection's
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
         call = _current.get()
+        if self.shared:
+            if call is not None:
+                call.stream = self
+            self._inner.write(buffer, _shared_write_timeout(call))
+            return
         if call is not None:
             timeout = _sync_timeout(call.io_timeout())
         self._inner.write(buffer, timeout)
@@ -326,7 +409,7 @@ class _SyncStream(httpcore.NetworkStream):
             raise
         if call is not None:
             call.connected()
-        return _SyncStream(stream)
+        return _SyncStream(stream, shared=_negotiated_h2(stream))
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
@@ -433,8 +516,9 @@ _resolver = _Resolver(_MAX_LOOKUPS)
 
 
 class _SyncBackend(httpcore.NetworkBackend):
-    def __init__(self) -> None:
+    def __init__(self, *, prior_knowledge: bool = False) -> None:
         self._inner = httpcore.SyncBackend()
+        self._shared = prior_knowledge
 
     def connect_tcp(
         self,
@@ -453,7 +537,7 @@ class _SyncBackend(httpcore.NetworkBackend):
             stream = self._connect_by_name(call, host, port, local_address, socket_options)
         if call is not None:
             call.connected()
-        return _SyncStream(stream)
+        return _SyncStream(stream, shared=self._shared)
 
     def _connect_by_name(
         self,
@@ -491,7 +575,7 @@ class _SyncBackend(httpcore.NetworkBackend):
         stream = self._inner.connect_unix_socket(path, timeout, socket_options)
         if call is not None:
             call.connected()
-        return _SyncStream(stream)
+        return _SyncStream(stream, shared=self._shared)
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
@@ -534,6 +618,7 @@ def _on_send(call: _Call, name: str, info: Mapping[str, Any]) -> None:
     if name not in _SEND_EVENTS:
         return
     call.begin_headers()
+    call.stream_id = info.get("stream_id")  # HTTP/2 only
     _set_header(info["request"].headers, call.header_value())
 
 
@@ -553,6 +638,58 @@ def _sync_trace(call: _Call, user_trace: Any) -> Callable[..., Any]:
             user_trace(name, info)
 
     return trace
+
+
+# HTTP/2: a stream given up on (a limit fired, the caller left, the body was not read to
+# its end) is reset. httpcore 1.0 forgets such a stream but neither sends RST_STREAM nor
+# tells h2 (encode/httpcore#1022): the server worked on, and once 100 streams had been
+# dropped that way h2 refused new ones on the connection ("Max outbound streams is 100,
+# 100 open"). This reaches into httpcore's connection objects, and does nothing when
+# they are not as expected.
+
+
+def _h2_connection(connections: Iterable[Any], stream: object) -> Any | None:
+    """The httpcore HTTP/2 connection that writes to our `stream`, if still pooled."""
+    for connection in connections:
+        inner = getattr(connection, "_connection", None)
+        if getattr(inner, "_network_stream", None) is stream and hasattr(inner, "_h2_state"):
+            return inner
+    return None
+
+
+def _reset_stream(connection: Any, stream_id: int) -> bool:
+    """Reset `stream_id` in the connection's h2 state; False if it had ended already."""
+    import h2.errors  # HTTP/2 is optional: imported once it is in use
+    import h2.exceptions
+
+    try:
+        connection._h2_state.reset_stream(stream_id, error_code=h2.errors.ErrorCodes.CANCEL)
+    except h2.exceptions.ProtocolError:  # closed: ended, reset by the server, or gone
+        return False
+    return True
+
+
+async def _abandon_async(pool: httpcore.AsyncConnectionPool, call: _Call, core: Any) -> None:
+    """Reset the call's HTTP/2 stream and send the RST_STREAM (shielded, bounded)."""
+    if call.stream is None or call.stream_id is None:
+        return
+    connection = _h2_connection(pool.connections, call.stream)
+    if connection is None or not _reset_stream(connection, call.stream_id):
+        return
+    # A failed write means a broken connection, which httpcore has marked so.
+    with anyio.CancelScope(shield=True), contextlib.suppress(Exception):
+        await connection._write_outgoing_data(core)
+
+
+def _abandon_sync(pool: httpcore.ConnectionPool, call: _Call, core: Any) -> None:
+    """The blocking twin of `_abandon_async`."""
+    if call.stream is None or call.stream_id is None:
+        return
+    connection = _h2_connection(pool.connections, call.stream)
+    if connection is None or not _reset_stream(connection, call.stream_id):
+        return
+    with contextlib.suppress(Exception):  # broken: httpcore has marked it so
+        connection._write_outgoing_data(core)
 
 
 def _attempt_budget(dependency: Dependency) -> _Call:
@@ -614,12 +751,24 @@ class _AsyncGate:
 
 
 class _AsyncBody(httpx.AsyncByteStream):
-    """The response body: each chunk read under the call's limits, errors translated."""
+    """The response body: each chunk read under the call's limits, errors translated.
 
-    def __init__(self, inner: Any, call: _Call, release: Callable[[], None]) -> None:
+    With `abandon` (HTTP/2 enabled) each chunk is also awaited in a cancel scope ending
+    at the idle limit, and a body closed before its end has its stream reset.
+    """
+
+    def __init__(
+        self,
+        inner: Any,
+        call: _Call,
+        release: Callable[[], None],
+        abandon: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._inner = inner
         self._call = call
         self._release: Callable[[], None] | None = release
+        self._abandon = abandon
+        self._ended = False
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         call = self._call
@@ -627,8 +776,12 @@ class _AsyncBody(httpx.AsyncByteStream):
         while True:
             token = _current.set(call)
             try:
-                chunk = await iterator.__anext__()
+                if self._abandon is None:
+                    chunk = await iterator.__anext__()
+                else:
+                    chunk = await self._next_bounded(iterator)
             except StopAsyncIteration:
+                self._ended = True
                 break
             except BaseException as exc:
                 _fail(call, exc)
@@ -636,17 +789,24 @@ class _AsyncBody(httpx.AsyncByteStream):
                 _current.reset(token)
             yield chunk
 
+    async def _next_bounded(self, iterator: AsyncIterator[bytes]) -> bytes:
+        call = self._call
+        with anyio.CancelScope(deadline=anyio.current_time() + call.budget.limit("idle")):
+            return await iterator.__anext__()
+        call.limit = "idle"
+        raise call.error()
+
     async def aclose(self) -> None:
         try:
             try:
                 await self._inner.aclose()
             except Exception as exc:
-                if (error := _translate(self._call, exc)) is None:
-                    raise
-                raise error from exc
+                _raise_translated(self._call, exc)
         finally:
             if self._release is not None:
                 release, self._release = self._release, None
+                if self._abandon is not None and not self._ended:
+                    await self._abandon()
                 release()
                 self._call.budget.finish()
 
@@ -706,7 +866,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         self._gate = _AsyncGate(dependency.pool_size)
         self._pool = httpcore.AsyncConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
-            network_backend=_AsyncBackend(),
+            network_backend=_AsyncBackend(prior_knowledge=http2 and not http1),
             **_pool_options(dependency, keepalive_expiry, http1, http2, local_address, uds),
             socket_options=socket_options,
         )
@@ -726,6 +886,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         call = _attempt_budget(self.dependency)
         token = _current.set(call)
         admitted = False
+        core: httpcore.Request | None = None
         try:
             await self._gate.acquire(call)
             admitted = True
@@ -739,20 +900,48 @@ class AsyncTransport(httpx.AsyncBaseTransport):
             if trace is None:
                 call.headers = core.headers
             try:
-                response = await self._pool.handle_async_request(core)
+                if self._http2:
+                    response = await self._send_bounded(call, core)
+                else:
+                    response = await self._pool.handle_async_request(core)
             except Exception as exc:
-                if (error := _translate(call, exc)) is None:
-                    raise
-                raise error from exc
+                _raise_translated(call, exc)
             call.begin_body()
         except BaseException as exc:
+            if core is not None and call.stream_id is not None:
+                await _abandon_async(self._pool, call, core)
             if admitted:
                 self._gate.release()
             call.budget.finish(exc)
             raise
         finally:
             _current.reset(token)
-        return _response(call, response, _AsyncBody(response.stream, call, self._gate.release))
+        abandon = None
+        if self._http2:
+            pool, sent = self._pool, core
+
+            async def abandon() -> None:
+                await _abandon_async(pool, call, sent)
+
+        body = _AsyncBody(response.stream, call, self._gate.release, abandon)
+        return _response(call, response, body)
+
+    async def _send_bounded(self, call: _Call, core: httpcore.Request) -> httpcore.Response:
+        """The pool's response, each phase's limit enforced by cancelling (HTTP/2 enabled).
+
+        On a shared connection a request may wait for another's reads, for the connection
+        another request is opening, or for a free stream; a cancel scope whose deadline
+        follows the phases bounds all of it. Until the connect or send begins, the wait
+        counts as a pool wait: min(pool_wait, time left).
+        """
+        with anyio.CancelScope() as scope:
+            call.scope = scope
+            try:
+                call.follow(call.budget.limit("pool"))
+                return await self._pool.handle_async_request(core)
+            finally:
+                call.scope = None
+        raise call.error()  # only when our own scope fired
 
     async def aclose(self) -> None:
         """Close every pooled connection."""
@@ -799,10 +988,18 @@ class _SyncGate:
 
 
 class _SyncBody(httpx.SyncByteStream):
-    def __init__(self, inner: Any, call: _Call, release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        call: _Call,
+        release: Callable[[], None],
+        abandon: Callable[[], None] | None = None,
+    ) -> None:
         self._inner = inner
         self._call = call
         self._release: Callable[[], None] | None = release
+        self._abandon = abandon
+        self._ended = False
 
     def __iter__(self) -> Iterator[bytes]:
         call = self._call
@@ -812,6 +1009,7 @@ class _SyncBody(httpx.SyncByteStream):
             try:
                 chunk = next(iterator)
             except StopIteration:
+                self._ended = True
                 break
             except BaseException as exc:
                 _fail(call, exc)
@@ -824,12 +1022,12 @@ class _SyncBody(httpx.SyncByteStream):
             try:
                 self._inner.close()
             except Exception as exc:
-                if (error := _translate(self._call, exc)) is None:
-                    raise
-                raise error from exc
+                _raise_translated(self._call, exc)
         finally:
             if self._release is not None:
                 release, self._release = self._release, None
+                if self._abandon is not None and not self._ended:
+                    self._abandon()
                 release()
                 self._call.budget.finish()
 
@@ -838,7 +1036,12 @@ class Transport(httpx.BaseTransport):
     """The blocking twin of `AsyncTransport`, with the same options and limits.
 
     Blocking code cannot be cancelled: each socket operation gets as timeout what is
-    left of its phase and of the call, so the call still ends by its limits.
+    left of its phase and of the call, so the call still ends by its limits. Name
+    resolution runs in a daemon thread, waited for at most the connect window.
+
+    With ``http2=True`` use one connection from one thread at a time: httpcore's blocking
+    HTTP/2 shares one socket and one h2 state between threads without a lock around
+    them, and a thread waiting for another's read can fire late.
     """
 
     def __init__(
@@ -861,7 +1064,7 @@ class Transport(httpx.BaseTransport):
         self._gate = _SyncGate(dependency.pool_size)
         self._pool = httpcore.ConnectionPool(
             ssl_context=httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
-            network_backend=_SyncBackend(),
+            network_backend=_SyncBackend(prior_knowledge=http2 and not http1),
             **_pool_options(dependency, keepalive_expiry, http1, http2, local_address, uds),
             socket_options=socket_options,
         )
@@ -881,6 +1084,7 @@ class Transport(httpx.BaseTransport):
         call = _attempt_budget(self.dependency)
         token = _current.set(call)
         admitted = False
+        core: httpcore.Request | None = None
         try:
             self._gate.acquire(call)
             admitted = True
@@ -895,19 +1099,27 @@ class Transport(httpx.BaseTransport):
                 call.headers = core.headers
             try:
                 response = self._pool.handle_request(core)
-            except Exception as exc:
-                if (error := _translate(call, exc)) is None:
-                    raise
-                raise error from exc
+            except (Exception, _Expired) as exc:
+                _raise_translated(call, exc)
             call.begin_body()
         except BaseException as exc:
+            if core is not None and call.stream_id is not None:
+                _abandon_sync(self._pool, call, core)
             if admitted:
                 self._gate.release()
             call.budget.finish(exc)
             raise
         finally:
             _current.reset(token)
-        return _response(call, response, _SyncBody(response.stream, call, self._gate.release))
+        abandon = None
+        if self._http2:
+            pool, sent = self._pool, core
+
+            def abandon() -> None:
+                _abandon_sync(pool, call, sent)
+
+        body = _SyncBody(response.stream, call, self._gate.release, abandon)
+        return _response(call, response, body)
 
     def close(self) -> None:
         """Close every pooled connection."""
