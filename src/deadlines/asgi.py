@@ -250,7 +250,8 @@ class _Exchange:
         self._bytes = 0
         self._waiters: list[asyncio.Future[None]] = _NO_WAITERS
         self._room: asyncio.Future[None] | None = None
-        self._pump: asyncio.Task[None] | None = None
+        # The watcher once started: its asyncio Task (under trio, its CancelScope).
+        self._pump: Any = None
         self._pump_error: BaseException | None = None
         self._pump_wanted = False
         self._direct = 0
@@ -395,16 +396,18 @@ class _Exchange:
         if self._direct or not self._may_read_ahead:
             self._pump_wanted = True  # start when the app's own read returns
             return
+        self._pump = self._spawn_pump()
+
+    def _spawn_pump(self) -> Any:
         assert self._loop is not None
-        self._pump = self._loop.create_task(self._run_pump(), name="deadlines-asgi-watch")
+        return self._loop.create_task(self._run_pump(), name="deadlines-asgi-watch")
 
     async def _run_pump(self) -> None:
-        assert self._loop is not None
+        """Read ahead of the app (at most `read_ahead` bytes) until the caller leaves."""
         try:
             while True:
                 while self._bytes >= self._mw._read_ahead and self._bytes:
-                    self._room = self._loop.create_future()
-                    await self._room
+                    await self._room_to_read()
                 message = await self._receive()
                 if self.buffer is None:
                     self.buffer = deque()
@@ -417,6 +420,34 @@ class _Exchange:
         except Exception as exc:  # the server's receive failed: hand it to the app
             self._pump_error = exc
             self._wake_readers()
+
+    # The waiting between the app's reads and the watcher: futures here, trio Events in
+    # `_TrioExchange`.
+
+    async def _room_to_read(self) -> None:
+        """The watcher waits for the app to take body from a full buffer."""
+        assert self._loop is not None
+        self._room = self._loop.create_future()
+        await self._room
+
+    def _made_room(self) -> None:
+        room = self._room
+        if room is not None and not room.done():
+            room.set_result(None)
+
+    async def _arrival(self) -> None:
+        """A reader waits for the watcher to buffer the next message."""
+        assert self._loop is not None
+        waiter = self._loop.create_future()
+        if self._waiters is _NO_WAITERS:
+            self._waiters = []
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            if not waiter.done() or waiter.cancelled():  # e.g. is_disconnected() polls
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
 
     def _wake_readers(self) -> None:
         waiters, self._waiters = self._waiters, _NO_WAITERS
@@ -453,30 +484,19 @@ class _Exchange:
     async def receive(self) -> Message:
         """The next message the server sent, through the watcher's buffer if it runs."""
         while True:
-            if self.buffer:
-                message = self.buffer[0]
+            buffer = self.buffer
+            if buffer:
+                message = buffer[0]
                 if message["type"] != "http.disconnect":  # repeat disconnect forever
-                    self.buffer.popleft()
+                    buffer.popleft()
                     self._bytes -= len(message.get("body", b""))
-                    room = self._room
-                    if room is not None and not room.done():
-                        room.set_result(None)
+                    self._made_room()
                 return message
             if self._pump_error is not None:
                 raise self._pump_error
             if self._pump is None:
                 return await self._read_direct()
-            assert self._loop is not None
-            waiter = self._loop.create_future()
-            if self._waiters is _NO_WAITERS:
-                self._waiters = []
-            self._waiters.append(waiter)
-            try:
-                await waiter
-            finally:
-                if not waiter.done() or waiter.cancelled():  # e.g. is_disconnected() polls
-                    with contextlib.suppress(ValueError):
-                        self._waiters.remove(waiter)
+            await self._arrival()
 
     async def _read_direct(self) -> Message:
         self._direct += 1
@@ -547,7 +567,7 @@ class _TrioExchange(_Exchange):
     wait on trio Events where the asyncio exchange uses futures.
     """
 
-    __slots__ = ("_arrived", "_gone", "_pump_scope", "_space", "_trio", "_trio_sweeper")
+    __slots__ = ("_arrived", "_gone", "_space", "_trio", "_trio_sweeper")
 
     def __init__(self, exchange: _Exchange, trio: Any) -> None:
         super().__init__(
@@ -555,7 +575,6 @@ class _TrioExchange(_Exchange):
         )
         self._trio = trio
         self._gone: Any = None  # the CancelScope around the app (the deadline's)
-        self._pump_scope: Any = None  # the watcher's CancelScope, once started
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
         self._trio_sweeper: _TrioSweeper | None = None
@@ -614,37 +633,33 @@ class _TrioExchange(_Exchange):
         self._active = False
         if self._trio_sweeper is not None:
             self._trio_sweeper.discard(self)
-        if self._pump_scope is not None:
-            self._pump_scope.cancel()
+        if self._pump is not None:
+            self._pump.cancel()
 
-    def _start_pump(self) -> None:
-        if not self._active or self._eof or self.complete or self._pump_scope is not None:
-            return
-        if self._direct or not self._may_read_ahead:
-            self._pump_wanted = True  # start when the app's own read returns
-            return
-        self._pump_scope = self._trio.CancelScope()
-        self._trio.lowlevel.spawn_system_task(self._run_pump, name="deadlines-asgi-watch")
+    def _spawn_pump(self) -> Any:
+        """A system task (a request's task has no nursery), in a CancelScope of its own."""
+        scope = self._trio.CancelScope()
+        self._trio.lowlevel.spawn_system_task(self._pump_in, scope, name="deadlines-asgi-watch")
+        return scope
 
-    async def _run_pump(self) -> None:
-        with self._pump_scope:
-            try:
-                while True:
-                    while self._bytes >= self._mw._read_ahead and self._bytes:
-                        space = self._space = self._trio.Event()
-                        await space.wait()
-                    message = await self._receive()
-                    if self.buffer is None:
-                        self.buffer = deque()
-                    self.buffer.append(message)
-                    self._bytes += len(message.get("body", b""))
-                    self._wake_readers()
-                    self._note(message)
-                    if message["type"] == "http.disconnect":
-                        return
-            except Exception as exc:  # the server's receive failed: hand it to the app
-                self._pump_error = exc
-                self._wake_readers()
+    async def _pump_in(self, scope: Any) -> None:
+        with scope:
+            await self._run_pump()
+
+    async def _room_to_read(self) -> None:
+        space = self._space = self._trio.Event()
+        await space.wait()
+
+    def _made_room(self) -> None:
+        space, self._space = self._space, None
+        if space is not None:
+            space.set()
+
+    async def _arrival(self) -> None:
+        arrived = self._arrived
+        if arrived is None:
+            arrived = self._arrived = self._trio.Event()
+        await arrived.wait()
 
     def _wake_readers(self) -> None:
         arrived, self._arrived = self._arrived, None
@@ -655,28 +670,6 @@ class _TrioExchange(_Exchange):
         super()._note(message)
         if self.caller_left is not None and self._gone is not None:
             self._gone.cancel()  # from any task, the request's own included
-
-    async def receive(self) -> Message:
-        """The next message the server sent, through the watcher's buffer if it runs."""
-        while True:
-            buffer = self.buffer
-            if buffer:
-                message = buffer[0]
-                if message["type"] != "http.disconnect":  # repeat disconnect forever
-                    buffer.popleft()
-                    self._bytes -= len(message.get("body", b""))
-                    space, self._space = self._space, None
-                    if space is not None:
-                        space.set()
-                return message
-            if self._pump_error is not None:
-                raise self._pump_error
-            if self._pump_scope is None:
-                return await self._read_direct()
-            arrived = self._arrived
-            if arrived is None:
-                arrived = self._arrived = self._trio.Event()
-            await arrived.wait()
 
 
 class _TrioSweeper:
