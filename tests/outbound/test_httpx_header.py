@@ -7,7 +7,6 @@ back) and check the next hop is not promised the time spent connecting.
 
 from __future__ import annotations
 
-import datetime
 import socket
 import ssl
 import threading
@@ -16,10 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from outbound_helpers import write_self_signed
 
 import deadlines
 import deadlines.httpx as dhttpx
@@ -30,32 +26,6 @@ pytestmark = pytest.mark.realtime
 HANDSHAKE_DELAY = 0.3
 
 
-def _self_signed(folder: Path) -> tuple[Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return cert_path, key_path
-
-
 class SlowHandshakeServer:
     """HTTPS on loopback that waits `HANDSHAKE_DELAY` before each TLS handshake.
 
@@ -63,7 +33,7 @@ class SlowHandshakeServer:
     """
 
     def __init__(self, folder: Path) -> None:
-        cert, key = _self_signed(folder)
+        cert, key = write_self_signed(folder)
         self._tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self._tls.load_cert_chain(cert, key)
         self._listener = socket.create_server(("127.0.0.1", 0))
