@@ -185,9 +185,9 @@ class scope:
         if deadline is not None:
             try:
                 if loop is not None:  # the common case, inline
-                    assert self._frame is not None
-                    when = loop.time() + (deadline.instant - self._frame.started)
-                    timeout = _alarms.Timeout(when)
+                    # remaining(), not the frame's start: the binding frame may be an
+                    # outer one entered long ago (a sync scope arms no timer of its own).
+                    timeout = _alarms.Timeout(loop.time() + deadline.remaining())
                     timeout.enter(loop, task)
                     self._timeout = timeout
                 else:

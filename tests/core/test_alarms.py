@@ -14,6 +14,7 @@ import weakref
 
 import pytest
 
+import deadlines
 from deadlines._alarms import Timeout, _clock_for
 from deadlines.testing import FakeClock
 
@@ -250,3 +251,24 @@ def test_loops_in_threads_have_their_own_clock_and_are_freed() -> None:
     assert not errors
     gc.collect()
     assert len(refs) == 2 and all(ref() is None for ref in refs)
+
+
+def test_an_async_scope_inside_an_older_sync_scope_fires_at_the_outer_instant() -> None:
+    """The inner async scope arms the time *left* of the binding (outer) deadline.
+
+    A sync scope sets a deadline without a timer; an async scope entered inside it
+    later, with a larger budget, must cancel at the outer instant, not at the outer
+    budget counted again from now.
+    """
+
+    async def main() -> float:
+        loop = asyncio.get_running_loop()
+        with deadlines.scope(1.0):
+            await asyncio.sleep(0.6)
+            start = loop.time()
+            with pytest.raises(deadlines.DeadlineExceeded):
+                async with deadlines.scope(5.0):
+                    await asyncio.sleep(10)
+            return loop.time() - start
+
+    assert _fake(main()) == pytest.approx(0.4, abs=1e-6)
