@@ -42,7 +42,7 @@ def _pin(loadgen: Child, server: Child) -> None:
         os.sched_setaffinity(server.pid, {cores[1]})
 
 
-def _round(loadgen: Child, server: Child, seconds: float, warmup: float, path: str = "/") -> Round:
+def _round(loadgen: Child, server: Child, seconds: float, warmup: float, path: str) -> Round:
     command: dict[str, Any] = {
         "port": server.port,
         "connections": CONNECTIONS,
@@ -80,15 +80,7 @@ def run(quick: bool) -> list[Comparison]:
         Child("servers.py", "starlette", "--deadlines", "--watch-after", "60") as unwatched,
         Child("loadgen.py") as loadgen,
     ):
-        servers = [bare, ours, unwatched]
-        for server in servers:  # warm up: imports, caches, first connections
-            _round(loadgen, server, 0.5, 0.2)
-        results: list[list[Round]] = [[], [], []]
-        for i in range(rounds):
-            order = [(i + k) % 3 for k in range(3)]  # each server goes first in turn
-            for k in order:
-                results[k].append(_round(loadgen, servers[k], seconds, warmup))
-    a, b, c = results
+        a, b, c = _rotate(loadgen, [bare, ours, unwatched], rounds, seconds, warmup, "/")
     rows = _rows(a, b, ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound")
     ablation = _rows(
         a,
@@ -102,6 +94,20 @@ def run(quick: bool) -> list[Comparison]:
     return rows + ablation + _fastapi(rounds, seconds, warmup)
 
 
+def _rotate(
+    loadgen: Child, servers: list[Child], rounds: int, seconds: float, warmup: float, path: str
+) -> list[list[Round]]:
+    """Each server's rounds; every round each server in turn, each going first in turn."""
+    for server in servers:  # warm up: imports, caches, first connections
+        _round(loadgen, server, 0.5, 0.2, path)
+    results: list[list[Round]] = [[] for _ in servers]
+    n = len(servers)
+    for i in range(rounds):
+        for k in ((i + j) % n for j in range(n)):
+            results[k].append(_round(loadgen, servers[k], seconds, warmup, path))
+    return results
+
+
 FASTAPI_PATH = "/items/42?q=x"
 
 
@@ -112,14 +118,7 @@ def _fastapi(rounds: int, seconds: float, warmup: float) -> list[Comparison]:
         Child("servers.py", "fastapi", "--deadlines") as ours,
         Child("loadgen.py") as loadgen,
     ):
-        for server in (bare, ours):
-            _round(loadgen, server, 0.5, 0.2, FASTAPI_PATH)
-        a: list[Round] = []
-        b: list[Round] = []
-        for i in range(rounds):
-            first, second = ((bare, a), (ours, b)) if i % 2 == 0 else ((ours, b), (bare, a))
-            for server, results in (first, second):
-                results.append(_round(loadgen, server, seconds, warmup, FASTAPI_PATH))
+        a, b = _rotate(loadgen, [bare, ours], rounds, seconds, warmup, FASTAPI_PATH)
     labels = ("FastAPI JSON route under uvicorn", "FastAPI + DeadlineMiddleware")
     return _rows(a, b, labels, "inbound, FastAPI route")
 
