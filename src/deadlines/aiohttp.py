@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import math
+import weakref
 from collections.abc import AsyncIterator, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar, cast
@@ -88,7 +89,7 @@ class _Call:
         """Enter the phase bounded by `limit`: move the guard to its end."""
         self.limit = limit
         if self.guard is not None:
-            self.guard.reschedule(self.at(self.budget.limit(limit)))
+            self.guard.reschedule(self.loop.time() + self.budget.limit(limit))
 
     def connection_ready(self, request: aiohttp.ClientRequest) -> None:
         """A connection is ours: the request goes out now, with the time left in it."""
@@ -173,17 +174,24 @@ class _Content:
     """The response body stream, each read bounded by the idle gap and the call's end.
 
     Stands in for ``response.content`` (an `aiohttp.StreamReader`); everything but
-    reading is passed through.
+    reading is passed through. It refers to its response weakly: the response holds it,
+    and a strong reference back would make every call a cycle for the garbage collector.
     """
+
+    __slots__ = ("_call", "_inner", "_response")
 
     def __init__(self, inner: aiohttp.StreamReader, call: _Call, response: Response) -> None:
         self._inner = inner
         self._call = call
-        self._response = response
+        self._response = weakref.ref(response)
 
     def exception(self) -> BaseException | None:
         """The stream's error, if any (asked by aiohttp on every release)."""
         return self._inner.exception()
+
+    def set_exception(self, *args: Any) -> None:
+        """Fail pending and later reads (aiohttp's release does, on every call)."""
+        self._inner.set_exception(*args)
 
     async def _bounded(self, read: Coroutine[Any, Any, T]) -> T:
         call = self._call
@@ -201,33 +209,38 @@ class _Content:
                     raise
                 raise error from exc
         except BaseException as exc:
-            self._response.close()  # a broken or abandoned body: close the socket now
+            response = self._response()
+            if response is not None:
+                response.close()  # a broken or abandoned body: close the socket now
             call.budget.finish(exc)
             raise
 
-    async def read(self, n: int = -1) -> bytes:
+    # The reads return `_bounded`'s coroutine rather than being coroutines themselves:
+    # one coroutine less per read.
+
+    def read(self, n: int = -1) -> Coroutine[Any, Any, bytes]:
         """Up to `n` bytes (all with -1)."""
-        return await self._bounded(self._inner.read(n))
+        return self._bounded(self._inner.read(n))
 
-    async def readany(self) -> bytes:
+    def readany(self) -> Coroutine[Any, Any, bytes]:
         """The next bytes that arrive."""
-        return await self._bounded(self._inner.readany())
+        return self._bounded(self._inner.readany())
 
-    async def readchunk(self) -> tuple[bytes, bool]:
+    def readchunk(self) -> Coroutine[Any, Any, tuple[bytes, bool]]:
         """The next HTTP chunk and whether it ended."""
-        return await self._bounded(self._inner.readchunk())
+        return self._bounded(self._inner.readchunk())
 
-    async def readexactly(self, n: int) -> bytes:
+    def readexactly(self, n: int) -> Coroutine[Any, Any, bytes]:
         """Exactly `n` bytes."""
-        return await self._bounded(self._inner.readexactly(n))
+        return self._bounded(self._inner.readexactly(n))
 
-    async def readline(self) -> bytes:
+    def readline(self) -> Coroutine[Any, Any, bytes]:
         """The next line."""
-        return await self._bounded(self._inner.readline())
+        return self._bounded(self._inner.readline())
 
-    async def readuntil(self, separator: bytes = b"\n") -> bytes:
+    def readuntil(self, separator: bytes = b"\n") -> Coroutine[Any, Any, bytes]:
         """Bytes up to and including `separator`."""
-        return await self._bounded(self._inner.readuntil(separator))
+        return self._bounded(self._inner.readuntil(separator))
 
     async def iter_chunked(self, n: int) -> AsyncIterator[bytes]:
         """Chunks of at most `n` bytes."""
@@ -259,27 +272,12 @@ class Response(aiohttp.ClientResponse):
     """
 
     _deadlines_call: _Call | None = None
-    _deadlines_raw: aiohttp.StreamReader | None = None
 
     @property
     def pool_wait(self) -> float | None:
         """Seconds spent waiting for a pooled connection (None if unknown)."""
         call = self._deadlines_call
         return None if call is None else call.budget.pool_wait
-
-    @property
-    def content(self) -> aiohttp.StreamReader:
-        """The body stream; its reads are bounded once the call owns this response."""
-        # Made at each access, not kept: kept, it would tie the response in a cycle.
-        raw = self._deadlines_raw
-        call = self._deadlines_call
-        if raw is None or call is None:
-            return cast(aiohttp.StreamReader, raw)
-        return cast(aiohttp.StreamReader, _Content(raw, call, self))
-
-    @content.setter
-    def content(self, value: aiohttp.StreamReader) -> None:
-        self._deadlines_raw = value
 
     def release(self) -> Any:
         """Release the connection and report the end of the call."""
@@ -463,7 +461,10 @@ class Session:
             call.guard = None
         response = cast(Response, response)
         response._deadlines_call = call
-        _start_idle_timer(response, self.dependency.idle)
+        raw = response.content
+        response.content = _Content(raw, call, response)  # type: ignore[assignment]
+        if not raw.is_eof():
+            _start_idle_timer(response, self.dependency.idle)
         return response
 
     async def close(self) -> None:
@@ -488,15 +489,15 @@ class Session:
 
 
 def _start_idle_timer(response: Response, idle: float) -> None:
-    """Start aiohttp's own per-chunk read timer (sock_read) for the body only.
+    """Start aiohttp's own per-chunk read timer (sock_read) for the rest of the body.
 
-    It measures the silence since the last byte received, exactly, and aiohttp stops it
-    at the end of the body. It is off while waiting for the head, which has its own
-    window here, so a short idle cap cannot pose as a headers timeout.
+    Called only while some of the body is still to come. It measures the silence since
+    the last byte received, exactly, and aiohttp stops it at the end of the body. It is
+    off while waiting for the head, which has its own window here, so a short idle cap
+    cannot pose as a headers timeout.
     """
     connection = response.connection
-    raw = response._deadlines_raw
-    if connection is None or connection.protocol is None or raw is None or raw.is_eof():
+    if connection is None or connection.protocol is None:
         return
     connection.protocol.read_timeout = idle
     connection.protocol.start_timeout()
