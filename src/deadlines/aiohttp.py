@@ -43,7 +43,7 @@ import math
 import weakref
 from collections.abc import AsyncIterator, Coroutine, Generator
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 try:
     import aiohttp
@@ -53,7 +53,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "deadlines.aiohttp needs aiohttp: install it with `pip install 'deadlines[aiohttp]'`"
     ) from exc
 
-from . import _alarms, _clock, _loop, retry
+from . import _alarms, _clock, retry
 from ._budget import CallBudget, Limit
 from ._dependency import Dependency
 from .wire import HEADER
@@ -86,10 +86,14 @@ class _Call:
         return self.loop.time() + seconds
 
     def arm(self, limit: Limit) -> None:
-        """Enter the phase bounded by `limit`: move the guard to its end."""
+        """Enter the phase bounded by `limit`: start the guard, or move it, to its end."""
         self.limit = limit
-        if self.guard is not None:
-            self.guard.reschedule(self.loop.time() + self.budget.limit(limit))
+        when = self.loop.time() + self.budget.limit(limit)
+        if self.guard is None:
+            self.guard = _alarms.Timeout(when)
+            self.guard.enter(self.loop)  # left by `Session._attempt` once the head is in
+        else:
+            self.guard.reschedule(when)
 
     def connection_ready(self, request: aiohttp.ClientRequest) -> None:
         """A connection is ours: the request goes out now, with the time left in it."""
@@ -140,8 +144,8 @@ class _Connector(aiohttp.TCPConnector):
         if call is None:
             return await super()._wait_for_available_connection(key, traces)
         call.queued_at = _clock.now()
-        if call.guard is not None and call.guard.when() is None:
-            call.arm("pool")  # the guard was left unarmed until something could wait
+        if call.guard is None:
+            call.arm("pool")  # the guard was not started until something could wait
         await super()._wait_for_available_connection(key, traces)
         call.budget.pool_wait = _clock.now() - call.queued_at
         return None
@@ -160,9 +164,9 @@ class _Connector(aiohttp.TCPConnector):
 # The one boundary: a timer of ours that fired becomes the taxonomy error.
 
 
-def _translate(call: _Call, timer: _alarms.Timeout, exc: TimeoutError) -> TimeoutError:
+def _translate(call: _Call, timer: _alarms.Timeout | None, exc: TimeoutError) -> TimeoutError:
     """The taxonomy error for `exc` if one of our limits fired, else `exc` itself."""
-    if timer.expired():
+    if timer is not None and timer.expired():
         return call.error()
     if isinstance(exc, aiohttp.SocketTimeoutError):  # the body's idle timer (sock_read)
         call.limit = "idle"
@@ -295,6 +299,8 @@ class Response(aiohttp.ClientResponse):
 class _RequestContext:
     """What `Session.get` and friends return: await it, or use it with ``async with``."""
 
+    __slots__ = ("_coro", "_response")
+
     def __init__(self, coro: Coroutine[Any, Any, Response]) -> None:
         self._coro = coro
         self._response: Response | None = None
@@ -360,11 +366,13 @@ class Session:
         self.dependency = dependency
         # Before the connector, aiohttp only awaits the caller's middlewares and trace
         # hooks and, with trust_env, a thread (netrc, proxy settings). Without those the
-        # guard's first timer is saved: the connector arms it when a phase that can wait
-        # begins. With them, it runs from the start, bounding them by the pool limit.
+        # guard is not started until a phase that can wait begins (the connector arms
+        # it). With them, it runs from the start, bounding them by the pool limit.
         self._eager = bool(
             kwargs.get("middlewares") or kwargs.get("trace_configs") or kwargs.get("trust_env")
         )
+        # aiohttp binds the session to the running loop (its connector needs one).
+        self._loop = asyncio.get_running_loop()
         connector = _Connector(
             limit=dependency.pool_size,
             limit_per_host=0,
@@ -432,19 +440,20 @@ class Session:
     async def _attempt(self, method: str, url: Any, kwargs: dict[str, Any]) -> Response:
         budget = CallBudget(self.dependency)  # BudgetExhausted here: nothing was sent
         budget.__enter__()
-        call = _Call(budget, _loop.running() or asyncio.get_running_loop())
+        call = _Call(budget, self._loop)
         token = _current.set(call)
         try:
-            eager = self._eager or "middlewares" in kwargs
-            first = call.at(budget.limit("pool")) if eager else None
-            guard = call.guard = _alarms.Timeout(first)
-            # ``async with guard`` spelled out (two coroutines less per call); leaving it
-            # disarms the timer: the head has arrived.
-            guard.enter(call.loop)
+            if self._eager or "middlewares" in kwargs:
+                call.arm("pool")
+            # The guard, started by `arm`, is left here as ``async with`` would (two
+            # coroutines less per call): the head has arrived, or the call failed.
             try:
-                response = await self.client._request(method, url, timeout=_NO_TIMEOUT, **kwargs)
+                response: Response = await self.client._request(  # type: ignore[assignment]
+                    method, url, timeout=_NO_TIMEOUT, **kwargs
+                )
             except BaseException as exc:
-                if guard.leave(type(exc)):
+                guard = call.guard
+                if guard is not None and guard.leave(type(exc)):
                     raise call.error() from exc
                 if (
                     isinstance(exc, TimeoutError)
@@ -452,14 +461,14 @@ class Session:
                 ):
                     raise error from exc
                 raise
-            guard.leave(None)
+            if call.guard is not None:
+                call.guard.leave(None)
         except BaseException as exc:
             budget.finish(exc)
             raise
         finally:
             _current.reset(token)
             call.guard = None
-        response = cast(Response, response)
         response._deadlines_call = call
         raw = response.content
         response.content = _Content(raw, call, response)  # type: ignore[assignment]
