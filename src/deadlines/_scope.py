@@ -184,18 +184,30 @@ class scope:
         deadline = self._enter()
         if deadline is not None:
             try:
-                if loop is not None:  # the common case, inline
-                    # remaining(), not the frame's start: the binding frame may be an
-                    # outer one entered long ago (a sync scope arms no timer of its own).
-                    timeout = _alarms.Timeout(loop.time() + deadline.remaining())
-                    timeout.enter(loop, task)
-                    self._timeout = timeout
-                else:
-                    self._canceller = _Canceller.start(deadline)
+                self._arm(loop, task)
             except BaseException:
                 self._exit()
                 raise
         return deadline
+
+    def _arm(self, loop: asyncio.AbstractEventLoop | None, task: asyncio.Task[Any] | None) -> None:
+        """Arm the cancellation of an entered scope that has a deadline.
+
+        `_enter_async` arms at once. An integration may enter with `_enter` and arm
+        later, from a loop callback with the request's `task`, while the deadline is
+        still far: the ASGI middleware arms only requests still running after
+        `watch_after`, so that the many that end sooner never touch a timer.
+        """
+        assert self._frame is not None
+        deadline = self._frame.deadline
+        if loop is not None:  # the common case, inline
+            # remaining(), not the frame's start: the binding frame may be an outer one
+            # entered long ago (a sync scope arms no timer of its own).
+            timeout = _alarms.Timeout(loop.time() + deadline.remaining())
+            timeout.enter(loop, task)
+            self._timeout = timeout
+        else:
+            self._canceller = _Canceller.start(deadline)
 
     def _exit_async(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         """What ``async with`` does on exit: disarm, restore, and raise `DeadlineExceeded`

@@ -214,6 +214,7 @@ class _Exchange:
         "_cancels",
         "_direct",
         "_eof",
+        "_guard",
         "_host",
         "_loop",
         "_may_read_ahead",
@@ -257,6 +258,7 @@ class _Exchange:
         self._direct = 0
         self._eof = False
         self._host: asyncio.Task[Any] | None = None
+        self._guard: deadline_scope | None = None  # entered, its timer not armed yet
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: _Sweeper | None = None
         self._cancels = 0
@@ -285,7 +287,6 @@ class _Exchange:
             if trio is not None:
                 await _TrioExchange(self, trio).run_trio(route, limits_, found, budget, expect)
                 return
-        self._arm(loop, expect)
         outcome: RequestOutcome = "error"
         try:
             # The app is called here, not in a helper coroutine, and the scope is entered
@@ -293,7 +294,12 @@ class _Exchange:
             # request.
             try:
                 guard = deadline_scope(budget)
-                guard._enter_async(loop, self._host)
+                guard._enter()
+                try:
+                    self._arm(loop, expect, guard)
+                except BaseException:
+                    guard._exit()
+                    raise
                 try:
                     await self._mw.app(self.scope, self.receive, self.send)
                 except BaseException as exc:
@@ -369,12 +375,24 @@ class _Exchange:
 
     # Watching for the caller leaving.
 
-    def _arm(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
-        if loop is None:  # neither asyncio nor trio: the deadline applies, no watcher
+    def _arm(
+        self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool, guard: deadline_scope
+    ) -> None:
+        """Register with the sweeper, which arms `guard` and starts the watcher when due.
+
+        Most requests end within `watch_after`: they never arm a timer at all. A
+        deadline that could pass before the sweeper comes round is armed now.
+        """
+        host = None if loop is None else asyncio.current_task(loop)
+        assert guard.deadline is not None
+        soon = self._started_at + 2 * self._mw._watch_after  # 2x: the sweeper's own lateness
+        if host is None or guard.deadline.instant <= soon:
+            guard._arm(loop, host)  # without a task (or a loop): fails as the scope would
+        else:
+            self._guard = guard
+        if loop is None or host is None:
             return
-        self._host = asyncio.current_task(loop)
-        if self._host is None:
-            return
+        self._host = host
         self._loop = loop
         # With "Expect: 100-continue" the server answers "100 Continue" on the first
         # receive(); read ahead only after the app asked for the body itself.
@@ -389,6 +407,13 @@ class _Exchange:
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
         self._uncancel()
+
+    def _watch(self) -> None:
+        """Due at `watch_after`: arm the deadline if it waited, and start the watcher."""
+        guard, self._guard = self._guard, None
+        if guard is not None and self._active:
+            guard._arm(self._loop, self._host)
+        self._start_pump()
 
     def _start_pump(self) -> None:
         if not self._active or self._eof or self.complete or self._pump is not None:
@@ -511,8 +536,12 @@ class _Exchange:
             self._start_pump()
         return message
 
-    async def send(self, message: Message) -> None:
-        """Pass `message` on, noting when the response starts and completes."""
+    def send(self, message: Message) -> Awaitable[None]:
+        """Pass `message` on, noting when the response starts and completes.
+
+        A plain function returning the server's own awaitable: the app awaits that
+        directly, with no coroutine of ours in between.
+        """
         kind = message["type"]
         if kind == "http.response.start":
             self.started = True
@@ -520,7 +549,7 @@ class _Exchange:
             kind == "http.response.pathsend"
         ):
             self.complete = True
-        await self._send(message)
+        return self._send(message)
 
 
 class _Sweeper:
@@ -556,7 +585,7 @@ class _Sweeper:
                 self._handle = self._loop.call_at(arrived + self._after, self._sweep)
                 return
             del pending[exchange]
-            exchange._start_pump()
+            exchange._watch()
 
 
 class _TrioExchange(_Exchange):
