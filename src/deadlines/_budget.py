@@ -70,17 +70,36 @@ class CallBudget:
     The call's end is the earliest of the request's deadline and ``start + total``.
     """
 
+    # Slots: one is made per outbound call, on every integration's hot path.
+    __slots__ = (
+        "_end_source",
+        "_finished",
+        "_frame",
+        "_sources",
+        "budget",
+        "dependency",
+        "end",
+        "phase",
+        "pool_wait",
+        "request_budget",
+        "request_end",
+        "request_sent",
+        "start",
+    )
+
     def __init__(self, dependency: Dependency) -> None:
         self.dependency = dependency
-        self.start = _clock.now()
+        self.start = start = _clock.now()
         frame = _scope._frame.get()
         #: Clock instant of the request's deadline (inf without one).
-        self.request_end = math.inf if frame is None else frame.deadline.instant
+        self.request_end = request_end = math.inf if frame is None else frame.deadline.instant
         #: Seconds the request's deadline scope was given (None without one).
         self.request_budget = None if frame is None else frame.budget
-        self.budget = max(0.0, self.request_end - self.start)  # inf without a deadline
-        self._own_end = self.start + dependency.total
-        self.end = min(self.request_end, self._own_end)
+        self.budget = max(0.0, request_end - start)  # inf without a deadline
+        own_end = start + dependency.total
+        #: The call's end, and what sets it (ties go to the request's deadline).
+        self.end = own_end if own_end < request_end else request_end
+        self._end_source: Binding = "total" if own_end < request_end else "deadline"
         self.pool_wait: float | None = None
         self.request_sent = False
         #: The phase in progress: the one whose limit was computed last.
@@ -116,17 +135,15 @@ class CallBudget:
         """Seconds the phase `which` may take from now, and remember what bounds it."""
         now = _clock.now()
         # Ties go to the request's deadline, then to the call's own total.
-        end = self.request_end
-        source: Binding = "deadline"
-        if self._own_end < end:
-            end, source = self._own_end, "total"
+        end, source = self.end, self._end_source
         if which != "total":
             cap_end = now + getattr(self.dependency, _CAP_FIELD[which])
             if cap_end < end:
                 end, source = cap_end, "cap"
             self.phase = _PHASE_OF[which]
         self._sources[which] = source
-        return max(0.0, end - now)
+        left = end - now
+        return left if left > 0.0 else 0.0
 
     def binding(self, which: Limit) -> Binding:
         """What bounded phase `which` when its limit was last computed (`limit(which)`)."""
@@ -134,7 +151,7 @@ class CallBudget:
 
     def header_ms(self) -> str:
         """The remaining time to send onward (``x-request-timeout-ms``): until the call's end."""
-        return format_ms(self.left())
+        return format_ms(self.end - _clock.now())  # "0" once past
 
     def timeout(self, which: Limit, *, request_sent: bool | None = None) -> TimeoutError:
         """The error for phase `which` running out, naming the limit that was binding."""
