@@ -11,7 +11,10 @@ ABSURD_SECONDS = 366 * 24 * 3600.0
 
 def seconds(value: float | timedelta, name: str, *, allow_zero: bool = True) -> float:
     """Return `value` in seconds, or raise a `ValueError`/`TypeError` that names `name`."""
-    # The hot path: a plain number in range (NaN fails the comparison).
+    # The hot paths: a plain number in range (NaN fails the comparison); a float first,
+    # as every scope and call gives one (`type() is` is cheaper than `isinstance`).
+    if type(value) is float and 0.0 < value <= ABSURD_SECONDS:
+        return value
     if (
         isinstance(value, float | int)
         and not isinstance(value, bool)
