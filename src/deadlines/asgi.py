@@ -20,6 +20,12 @@ exactly the messages the server sent, in order. When the watcher receives
 ``http.disconnect`` before the response is complete, it cancels the request's task with
 a `CallerLeft` reason. Requests that finish sooner never pay for a watcher.
 
+The deadline's timer is armed on the same round: the deadline is set on arrival (the
+handler sees it, outbound calls and statements are bounded by it), but the timer that
+cancels the handler at the instant is armed when the request is still running after
+`watch_after`, or at once when the deadline is nearer than that. Most requests end
+sooner and never touch a timer.
+
 Under trio (hypercorn's trio worker) the same happens with trio's means: the watcher
 cancels the cancel scope the app runs in (the deadline's own), and it is a trio system
 task, started after `watch_after` by one sweeper task per trio run, so that here too a
@@ -114,18 +120,84 @@ class DeadlineMiddleware:
         self._trio_sweepers: Any = None  # a trio RunVar, made by the first request under trio
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run one ASGI connection scope; only ``http`` is handled, the rest pass through."""
+        """Run one ASGI connection scope; only ``http`` is handled, the rest pass through.
+
+        Answers 504 at once when the request arrived expired, else runs the app under
+        the deadline. The app is called here, not in a helper coroutine, and the scope
+        is entered and left as plain calls (``async with`` spelled out): one coroutine
+        of ours per request.
+        """
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started_at = _clock.now()
+        exchange = _Exchange(self, scope, receive, send, _clock.now())
         found, expect = self._scan(scope)
         route, limits_ = self._route(scope)
         budget = limits_.default if found is None else min(found, limits_.maximum)
         budget = max(0.0, budget - self._reserve)
-        await _Exchange(self, scope, receive, send, started_at).run(
-            route, limits_, found, budget, expect
-        )
+        if _events._observers:
+            _events.emit(_events.RequestStarted(route, budget))
+        if budget <= 0.0:
+            await exchange._answer_timeout(found, limits_, budget)
+            exchange._finish(route, "budget_exhausted", budget)
+            return
+        loop = _loop.running()
+        if loop is None:
+            trio = _running_trio()
+            if trio is not None:
+                trio_exchange = _TrioExchange(exchange, trio)
+                await trio_exchange.run_trio(route, limits_, found, budget, expect)
+                return
+        outcome: RequestOutcome = "error"
+        try:
+            try:
+                guard = deadline_scope(budget)
+                guard._enter()
+                try:
+                    exchange._arm(loop, expect, guard)
+                except BaseException:
+                    guard._exit()
+                    raise
+                try:
+                    await self.app(scope, exchange.receive, exchange.send)
+                except BaseException as exc:
+                    guard._exit_async(type(exc), exc)
+                    raise
+                guard._exit_async(None, None)
+            except asyncio.CancelledError:
+                if not exchange._cancels:
+                    raise
+                exchange._uncancel()
+                assert exchange._host is not None
+                if exchange._host.cancelling():
+                    raise  # somebody else cancelled us too (server shutdown)
+                outcome = "caller_left"
+            except DeadlineExceeded:
+                if exchange.caller_left is None and not exchange.complete:
+                    raise
+                # Gone: the caller left; complete: only cleanup after the response was cut.
+                outcome = "caller_left" if exchange.caller_left is not None else "ok"
+            except Exception:
+                if exchange.caller_left is None:
+                    raise
+                # The app failed because its caller went away (a send or read on a
+                # closed connection): nobody is left to tell.
+                _log.debug("error after the caller left", exc_info=True)
+            else:
+                outcome = "ok"
+            if exchange.caller_left is not None:
+                outcome = "caller_left"
+                await exchange._answer_gone()
+        except DeadlineExceeded as exc:
+            outcome = _inbound.deadline_outcome(exc)
+            if exchange.started:
+                raise  # the response is half out: let the server drop the connection
+            await exchange._answer_timeout(found, limits_, budget)
+        finally:
+            exchange._disarm()
+            if exchange.caller_left is not None:
+                outcome = "caller_left"
+            exchange._finish(route, outcome, budget)
 
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
         last_loop, last = self._last
@@ -265,81 +337,6 @@ class _Exchange:
         self._active = True
         self._may_read_ahead = True
         self._started_at = started_at
-
-    # The request as a whole.
-
-    async def run(
-        self, route: str, limits_: Limits, found: float | None, budget: float, expect: bool
-    ) -> None:
-        """Answer the request: 504 at once when expired, else the app under the deadline.
-
-        `found` is the header's value (None without a valid one), `budget` what it gave.
-        """
-        if _events._observers:
-            _events.emit(_events.RequestStarted(route, budget))
-        if budget <= 0.0:
-            await self._answer_timeout(found, limits_, budget)
-            self._finish(route, "budget_exhausted", budget)
-            return
-        loop = _loop.running()
-        if loop is None:
-            trio = _running_trio()
-            if trio is not None:
-                await _TrioExchange(self, trio).run_trio(route, limits_, found, budget, expect)
-                return
-        outcome: RequestOutcome = "error"
-        try:
-            # The app is called here, not in a helper coroutine, and the scope is entered
-            # and left as plain calls (``async with`` spelled out): fewer coroutines per
-            # request.
-            try:
-                guard = deadline_scope(budget)
-                guard._enter()
-                try:
-                    self._arm(loop, expect, guard)
-                except BaseException:
-                    guard._exit()
-                    raise
-                try:
-                    await self._mw.app(self.scope, self.receive, self.send)
-                except BaseException as exc:
-                    guard._exit_async(type(exc), exc)
-                    raise
-                guard._exit_async(None, None)
-            except asyncio.CancelledError:
-                if not self._cancels:
-                    raise
-                self._uncancel()
-                assert self._host is not None
-                if self._host.cancelling():
-                    raise  # somebody else cancelled us too (server shutdown)
-                outcome = "caller_left"
-            except DeadlineExceeded:
-                if self.caller_left is None and not self.complete:
-                    raise
-                # Gone: the caller left; complete: only cleanup after the response was cut.
-                outcome = "caller_left" if self.caller_left is not None else "ok"
-            except Exception:
-                if self.caller_left is None:
-                    raise
-                # The app failed because its caller went away (a send or read on a
-                # closed connection): nobody is left to tell.
-                _log.debug("error after the caller left", exc_info=True)
-            else:
-                outcome = "ok"
-            if self.caller_left is not None:
-                outcome = "caller_left"
-                await self._answer_gone()
-        except DeadlineExceeded as exc:
-            outcome = _inbound.deadline_outcome(exc)
-            if self.started:
-                raise  # the response is half out: let the server drop the connection
-            await self._answer_timeout(found, limits_, budget)
-        finally:
-            self._disarm()
-            if self.caller_left is not None:
-                outcome = "caller_left"
-            self._finish(route, outcome, budget)
 
     async def _answer_timeout(self, found: float | None, limits_: Limits, budget: float) -> None:
         body = _inbound.timeout_body(
