@@ -107,8 +107,9 @@ class DeadlineMiddleware:
         self._reserve = _validate.seconds(reserve, "reserve")
         self._header = _inbound.header_name(header)
         self._header_bytes = self._header.encode()
-        # Our header (or its stand-in) is parsed inline; the others go to `wire`.
-        self._others = frozenset(name.encode() for name in (wire.GRPC_HEADER, wire.ENVOY_HEADER))
+        # The names `_scan` picks out: ours (or its stand-in), the others `wire` reads.
+        others = (wire.GRPC_HEADER, wire.ENVOY_HEADER)
+        self._known = frozenset({self._header_bytes, b"expect", *(n.encode() for n in others)})
         self._read_ahead = read_ahead
         self._watch_after = _validate.seconds(watch_after, "watch_after")
         self._routes: dict[tuple[int, str, str], tuple[str, Limits]] = {}
@@ -244,32 +245,49 @@ class DeadlineMiddleware:
     def _scan(self, scope: Scope) -> tuple[float | None, bool]:
         """The smallest valid deadline among the request's headers, and Expect: 100-continue.
 
-        One pass; ASGI header names are lower-case bytes. A plain value of our header
-        (the common case, sent by every `deadlines` hop) is parsed here with the rule of
-        `wire.parse_ms` (1-12 ASCII digits: ``bytes.isdigit`` is ASCII-only); anything
-        else known (lists, grpc-timeout, Envoy's) goes through `wire.header_budget`.
+        ASGI header names are lower-case bytes. One set lookup per header picks out the
+        few names known here (every value of a repeated one counts); `_parse` reads them.
+        """
+        known = self._known
+        found: list[tuple[bytes, bytes]] | None = None
+        for name, value in scope.get("headers") or ():
+            if name in known:
+                if found is None:
+                    found = []
+                found.append((name, value))
+        if found is None:
+            return None, False
+        if len(found) == 1:  # the common case: one plain value of our header
+            name, value = found[0]
+            if name == self._header_bytes and len(value) <= _MAX_MS_DIGITS and value.isdigit():
+                return int(value) / 1000.0, False
+        return self._parse(found)
+
+    def _parse(self, found: list[tuple[bytes, bytes]]) -> tuple[float | None, bool]:
+        """`_scan`'s reading of the known headers it found, in order.
+
+        A plain value of our header (the common case, sent by every `deadlines` hop) is
+        parsed here with the rule of `wire.parse_ms` (1-12 ASCII digits:
+        ``bytes.isdigit`` is ASCII-only); anything else (lists, grpc-timeout, Envoy's)
+        goes through `wire.header_budget`.
         """
         best: float | None = None
         others: list[tuple[bytes, bytes]] | None = None
         expect = False
-        ours = self._header_bytes
-        for pair in scope.get("headers") or ():
-            name = pair[0]
-            if name == ours:
-                value = pair[1]
+        for name, value in found:
+            if name == b"expect":
+                expect = value.lower() == b"100-continue"
+                continue
+            if name == self._header_bytes:
                 if len(value) <= _MAX_MS_DIGITS and value.isdigit():
                     seconds = int(value) / 1000.0
                     if best is None or seconds < best:
                         best = seconds
                     continue
-                pair = (_OUR_HEADER, value)  # a list or garbage: wire decides
-            elif name not in self._others:
-                if name == b"expect":
-                    expect = pair[1].lower() == b"100-continue"
-                continue
+                name = _OUR_HEADER  # a list or garbage: wire decides
             if others is None:
                 others = []
-            others.append(pair)
+            others.append((name, value))
         if others is not None:
             parsed = wire.header_budget(others)
             if parsed is not None and (best is None or parsed < best):
@@ -280,32 +298,28 @@ class DeadlineMiddleware:
 class _Exchange:
     """One request: the wrapped receive and send, the watcher and the outcome."""
 
-    __slots__ = (
-        "_active",
-        "_bytes",
-        "_cancels",
-        "_direct",
-        "_eof",
-        "_guard",
-        "_host",
-        "_loop",
-        "_may_read_ahead",
-        "_mw",
-        "_pump",
-        "_pump_error",
-        "_pump_wanted",
-        "_receive",
-        "_room",
-        "_send",
-        "_started_at",
-        "_sweeper",
-        "_waiters",
-        "buffer",
-        "caller_left",
-        "complete",
-        "scope",
-        "started",
-    )
+    # Most requests end before the watcher starts and never change most of this state:
+    # class-level defaults, so a request stores only what it sets (no __slots__ here).
+    started = False  # http.response.start went out
+    complete = False  # the last body chunk went out
+    caller_left: CallerLeft | None = None
+    # The watcher's state.
+    buffer: deque[Message] | None = None
+    _bytes = 0
+    _waiters: list[asyncio.Future[None]] = _NO_WAITERS
+    _room: asyncio.Future[None] | None = None
+    _pump: Any = None  # the watcher once started: its asyncio Task (trio: its CancelScope)
+    _pump_error: BaseException | None = None
+    _pump_wanted = False
+    _direct = 0
+    _eof = False
+    _host: asyncio.Task[Any] | None = None
+    _guard: deadline_scope | None = None  # entered, its timer not armed yet
+    _loop: asyncio.AbstractEventLoop | None = None
+    _sweeper: _Sweeper | None = None
+    _cancels = 0
+    _active = True
+    _may_read_ahead = True
 
     def __init__(
         self, mw: DeadlineMiddleware, scope: Scope, receive: Receive, send: Send, started_at: float
@@ -314,28 +328,6 @@ class _Exchange:
         self.scope = scope
         self._receive = receive
         self._send = send
-        self.started = False  # http.response.start went out
-        self.complete = False  # the last body chunk went out
-        self.caller_left: CallerLeft | None = None
-        # The watcher's state; most requests end before it starts, so nothing is
-        # allocated for it until then.
-        self.buffer: deque[Message] | None = None
-        self._bytes = 0
-        self._waiters: list[asyncio.Future[None]] = _NO_WAITERS
-        self._room: asyncio.Future[None] | None = None
-        # The watcher once started: its asyncio Task (under trio, its CancelScope).
-        self._pump: Any = None
-        self._pump_error: BaseException | None = None
-        self._pump_wanted = False
-        self._direct = 0
-        self._eof = False
-        self._host: asyncio.Task[Any] | None = None
-        self._guard: deadline_scope | None = None  # entered, its timer not armed yet
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._sweeper: _Sweeper | None = None
-        self._cancels = 0
-        self._active = True
-        self._may_read_ahead = True
         self._started_at = started_at
 
     async def _answer_timeout(self, found: float | None, limits_: Limits, budget: float) -> None:
