@@ -146,15 +146,15 @@ class scope:
             raise RuntimeError("a deadlines.scope can be entered only once")
         self._entered = True
         frame = _frame.get()
-        if self._budget is not None or self._deadline is not None:
+        budget, given = self._budget, self._deadline
+        if budget is not None or given is not None:
             start = _clock.now()
-            if self._budget is not None:
-                at = start + self._budget
-                if frame is None or at < frame.deadline.instant:
-                    frame = _Frame(Deadline._unchecked(at), self._budget, start)
-            given = self._deadline
-            if given is not None and (frame is None or given.instant < frame.deadline.instant):
-                frame = _Frame(given, max(0.0, given.instant - start), start)
+            if budget is not None:
+                at = start + budget
+                if frame is None or at < frame.deadline._at:
+                    frame = _Frame(Deadline._unchecked(at), budget, start)
+            if given is not None and (frame is None or given._at < frame.deadline._at):
+                frame = _Frame(given, max(0.0, given._at - start), start)
         self._frame = frame
         self._token = _frame.set(frame)
         return None if frame is None else frame.deadline

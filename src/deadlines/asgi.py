@@ -373,9 +373,11 @@ class _Exchange:
         deadline that could pass before the sweeper comes round is armed now.
         """
         host = None if loop is None else asyncio.current_task(loop)
-        assert guard.deadline is not None
-        soon = self._started_at + 2 * self._mw._watch_after  # 2x: the sweeper's own lateness
-        if host is None or guard.deadline.instant <= soon:
+        deadline = guard.deadline
+        assert deadline is not None
+        watch_after = self._mw._watch_after
+        # 2x: room for the sweeper's own lateness.
+        if host is None or deadline._at <= self._started_at + 2 * watch_after:
             guard._arm(loop, host)  # without a task (or a loop): fails as the scope would
         else:
             self._guard = guard
@@ -383,11 +385,12 @@ class _Exchange:
             return
         self._host = host
         self._loop = loop
-        # With "Expect: 100-continue" the server answers "100 Continue" on the first
-        # receive(); read ahead only after the app asked for the body itself.
-        self._may_read_ahead = not expect_continue
-        self._sweeper = self._mw._sweeper_for(self._loop)
-        self._sweeper.add(self)
+        if expect_continue:
+            # The server answers "100 Continue" on the first receive(): read ahead only
+            # after the app asked for the body itself.
+            self._may_read_ahead = False
+        sweeper = self._sweeper = self._mw._sweeper_for(loop)
+        sweeper.add(self)
 
     def _disarm(self) -> None:
         self._active = False
