@@ -249,18 +249,23 @@ class DeadlineMiddleware:
         few names known here (every value of a repeated one counts); `_parse` reads them.
         """
         known = self._known
+        first: tuple[bytes, bytes] | None = None
         found: list[tuple[bytes, bytes]] | None = None
-        for name, value in scope.get("headers") or ():
-            if name in known:
-                if found is None:
-                    found = []
-                found.append((name, value))
-        if found is None:
+        for pair in scope.get("headers") or ():
+            if pair[0] in known:
+                if first is None:
+                    first = pair
+                elif found is None:
+                    found = [first, pair]
+                else:
+                    found.append(pair)
+        if first is None:
             return None, False
-        if len(found) == 1:  # the common case: one plain value of our header
-            name, value = found[0]
+        if found is None:  # the common case: one plain value of our header
+            name, value = first
             if name == self._header_bytes and len(value) <= _MAX_MS_DIGITS and value.isdigit():
                 return int(value) / 1000.0, False
+            found = [first]
         return self._parse(found)
 
     def _parse(self, found: list[tuple[bytes, bytes]]) -> tuple[float | None, bool]:
@@ -398,7 +403,8 @@ class _Exchange:
             self._sweeper.discard(self)
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
-        self._uncancel()
+        if self._cancels:
+            self._uncancel()
 
     def _watch(self) -> None:
         """Due at `watch_after`: arm the deadline if it waited, and start the watcher."""
