@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import signal
 import socket
 import sys
@@ -98,8 +99,42 @@ async def _serve_protocol(factory: Any) -> None:
     server.close()
 
 
-def starlette_app(*, with_deadlines: bool, watch_after: float | None = None) -> Any:
-    """One route, ``GET /`` → 200 "ok"; optionally wrapped in `DeadlineMiddleware`."""
+class _Floor:
+    """The least a deadline middleware does: a context variable set, `send` watched.
+
+    Pure ASGI, no deadline: the benchmark's floor for any middleware that gives the
+    handler its request's deadline and must know whether the response has started.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.var: contextvars.ContextVar[float] = contextvars.ContextVar("floor")
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started: list[bool] = []
+
+        def watched(message: Any) -> Any:
+            if message["type"] == "http.response.start":
+                started.append(True)
+            return send(message)
+
+        token = self.var.set(2.0)
+        try:
+            await self.app(scope, receive, watched)
+        finally:
+            self.var.reset(token)
+
+
+def starlette_app(
+    *, with_deadlines: bool, watch_after: float | None = None, floor: bool = False
+) -> Any:
+    """One route, ``GET /`` → 200 "ok"; optionally wrapped in `DeadlineMiddleware`.
+
+    `floor`: wrapped instead in `_Floor`, the least any such middleware does.
+    """
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
     from starlette.requests import Request
@@ -109,7 +144,7 @@ def starlette_app(*, with_deadlines: bool, watch_after: float | None = None) -> 
     async def home(request: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
-    middleware = []
+    middleware = [Middleware(_Floor)] if floor else []
     if with_deadlines:
         from deadlines.asgi import DeadlineMiddleware
 
@@ -163,6 +198,9 @@ def main() -> None:
     parser.add_argument("kind", choices=["fast", "silent", "starlette", "fastapi"])
     parser.add_argument("--deadlines", action="store_true", help="add the middleware")
     parser.add_argument("--watch-after", type=float, help="the middleware's watch_after (s)")
+    parser.add_argument(
+        "--floor", action="store_true", help="a minimal context-variable + send middleware"
+    )
     args = parser.parse_args()
     exit_with_parent()
     if args.kind == "fast":
@@ -172,7 +210,11 @@ def main() -> None:
     elif args.kind == "fastapi":
         _serve_uvicorn(fastapi_app(with_deadlines=args.deadlines))
     else:
-        _serve_uvicorn(starlette_app(with_deadlines=args.deadlines, watch_after=args.watch_after))
+        _serve_uvicorn(
+            starlette_app(
+                with_deadlines=args.deadlines, watch_after=args.watch_after, floor=args.floor
+            )
+        )
 
 
 if __name__ == "__main__":
