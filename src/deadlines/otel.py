@@ -40,6 +40,7 @@ from types import TracebackType
 from typing import Final
 
 from opentelemetry import metrics, trace
+from opentelemetry.context import Context, get_current
 from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
 from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.util.types import AttributeValue
@@ -76,23 +77,23 @@ class _Tally:
     def __init__(self, lock: threading.Lock, *keys: str) -> None:
         self._lock = lock
         self._keys = keys
-        self._counts: dict[tuple[str, ...], int] = {}
+        self.counts: dict[tuple[str, ...], int] = {}  # changed only under the lock
         self._attrs: dict[tuple[str, ...], _Attributes] = {}
 
     def add(self, values: tuple[str, ...], step: int = 1) -> None:
         """Add `step`, never going below zero (in-flight calls begun before install)."""
         with self._lock:
-            self._counts[values] = max(0, self._counts.get(values, 0) + step)
+            self.counts[values] = max(0, self.counts.get(values, 0) + step)
 
     def clear(self) -> None:
         """Forget every count (in-flight figures go stale while nobody listens)."""
         with self._lock:
-            self._counts.clear()
+            self.counts.clear()
 
     def observe(self, options: CallbackOptions) -> Iterable[Observation]:
         """The current counts, one observation per label set."""
         with self._lock:
-            counts = list(self._counts.items())
+            counts = list(self.counts.items())
         return [Observation(n, self._attributes(values)) for values, n in counts]
 
     def _attributes(self, values: tuple[str, ...]) -> _Attributes:
@@ -100,6 +101,20 @@ class _Tally:
         if attrs is None:
             attrs = self._attrs[values] = dict(zip(self._keys, values, strict=True))
         return attrs
+
+
+class _Plan:
+    """What a finished call with one dependency and outcome records: built once, reused."""
+
+    __slots__ = ("calls", "dep", "dependency", "duration", "in_flight", "outcome")
+
+    def __init__(self, dep: str, outcome: str, duration: _Attributes, dependency: _Attributes):
+        self.dep = dep
+        self.outcome = outcome
+        self.in_flight = (dep,)
+        self.calls = (dep, outcome)
+        self.duration = duration  # the duration histogram's attributes
+        self.dependency = dependency  # the pool wait's and the budget's
 
 
 class _Recorder:
@@ -113,7 +128,7 @@ class _Recorder:
         self._call_spans = True
         self._outbound_budget = False
         b = list(buckets)
-        lock = threading.Lock()
+        lock = self._lock = threading.Lock()
         self.calls = _Tally(lock, "dependency", "outcome")
         self.timeouts = _Tally(lock, "dependency", "phase")
         self.fail_fast = _Tally(lock, "dependency")
@@ -150,6 +165,8 @@ class _Recorder:
         self._route = LabelGuard("route", limit)
         self._queue = LabelGuard("queue", limit)
         self._attrs: dict[tuple[str, ...], _Attributes] = {}
+        self._in_flight_keys: dict[str, tuple[str]] = {}
+        self._plans: dict[tuple[str, str], _Plan] = {}
 
     def attach(
         self, telemetry: Telemetry, tracer: Tracer, call_spans: bool, outbound_budget: bool
@@ -173,18 +190,21 @@ class _Recorder:
             attrs = self._attrs[pairs] = dict(zip(pairs[::2], pairs[1::2], strict=True))
         return attrs
 
-    # The observer: runs inline on every call, so it does little and never raises.
+    # The observer: runs inline on every call, so it does little and never raises. The
+    # two histogram records are most of the cost; around them, the outbound events touch
+    # as few objects as they can (one cached plan per dependency and outcome, one lock).
 
     def observe(self, event: _events.Event) -> None:
         """Record one event (an `_events.Observer`)."""
         if isinstance(event, _events.CallStarted):
-            self.calls_in_flight.add((self._dependency(event.dependency),))
+            key = self._in_flight_keys.get(event.dependency)
+            if key is None:
+                key = self._in_flight_key(event.dependency)
+            counts = self.calls_in_flight.counts
+            with self._lock:
+                counts[key] = counts.get(key, 0) + 1
         elif isinstance(event, _events.CallFinished):
-            outcome = event.outcome
-            self._call_metrics(event, outcome)
-            span = trace.get_current_span()
-            if span.is_recording():
-                self._call_trace(span, event, outcome)
+            self._call_finished(event)
         elif isinstance(event, _events.RequestStarted):
             route = self._route(event.route)
             self.requests_in_flight.add((route,))
@@ -204,22 +224,53 @@ class _Recorder:
                     {"deadlines.queue": event.queue, "deadlines.late": event.late},
                 )
 
-    def _call_metrics(self, event: _events.CallFinished, outcome: str) -> None:
-        dep = self._dependency(event.dependency)
-        if event.started:
-            self.calls_in_flight.add((dep,), -1)
-        self.calls.add((dep, outcome))
-        self.duration.record(event.duration, self._a("dependency", dep, "outcome", outcome))
-        if event.pool_wait is not None:
-            self.pool_wait.record(event.pool_wait, self._a("dependency", dep))
-        if self._outbound_budget and math.isfinite(event.budget):
-            self.budget.record(event.budget, self._a("dependency", dep))
-        if outcome in ("timeout", "deadline"):
-            self.timeouts.add((dep, event.phase if event.phase in PHASES else "unknown"))
-        elif outcome == "budget_exhausted":
-            self.fail_fast.add((dep,))
+    def _in_flight_key(self, dependency: str) -> tuple[str]:
+        key = (self._dependency(dependency),)
+        if key[0] == dependency:  # folded names are not kept: they are unbounded
+            self._in_flight_keys[dependency] = key
+        return key
 
-    def _call_trace(self, span: Span, event: _events.CallFinished, outcome: str) -> None:
+    def _call_finished(self, event: _events.CallFinished) -> None:
+        outcome = event.outcome
+        plan = self._plans.get((event.dependency, outcome))
+        if plan is None:
+            plan = self._plan(event.dependency, outcome)
+        in_flight, calls = self.calls_in_flight.counts, self.calls.counts
+        with self._lock:  # the in-flight count never goes below zero (calls begun before)
+            if event.started:
+                in_flight[plan.in_flight] = max(0, in_flight.get(plan.in_flight, 0) - 1)
+            calls[plan.calls] = calls.get(plan.calls, 0) + 1
+        context = get_current()
+        self.duration.record(event.duration, plan.duration, context)
+        if event.pool_wait is not None:
+            self.pool_wait.record(event.pool_wait, plan.dependency, context)
+        if self._outbound_budget and math.isfinite(event.budget):
+            self.budget.record(event.budget, plan.dependency, context)
+        if outcome != "ok":
+            self._call_failed(event, plan)
+        span = trace.get_current_span(context)
+        if span.is_recording():
+            self._call_trace(span, event, outcome, context)
+
+    def _plan(self, dependency: str, outcome: str) -> _Plan:
+        dep = self._dependency(dependency)
+        plan = _Plan(
+            dep, outcome, self._a("dependency", dep, "outcome", outcome), self._a("dependency", dep)
+        )
+        if dep == dependency:  # folded names are not kept: they are unbounded
+            self._plans[(dependency, outcome)] = plan
+        return plan
+
+    def _call_failed(self, event: _events.CallFinished, plan: _Plan) -> None:
+        if plan.outcome in ("timeout", "deadline"):
+            phase = event.phase if event.phase in PHASES else "unknown"
+            self.timeouts.add((plan.dep, phase))
+        elif plan.outcome == "budget_exhausted":
+            self.fail_fast.add((plan.dep,))
+
+    def _call_trace(
+        self, span: Span, event: _events.CallFinished, outcome: str, context: Context
+    ) -> None:
         attrs: _Attributes = {
             "deadlines.dependency": event.dependency,
             "deadlines.outcome": outcome,
@@ -251,6 +302,7 @@ class _Recorder:
         end = time.time_ns()
         child = self._tracer.start_span(
             f"deadlines.call {event.dependency}",
+            context,
             attributes=attrs,
             start_time=end - int(event.duration * 1e9),
         )

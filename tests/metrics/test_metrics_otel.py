@@ -65,14 +65,20 @@ class OTel:
         return [s for s in self.spans.get_finished_spans() if s.name == name]
 
 
-def _make(*, call_spans: bool = True, outbound_budget: bool = False) -> Iterator[OTel]:
+def _make(
+    *, call_spans: bool = True, outbound_budget: bool = False, max_label_values: int = 100
+) -> Iterator[OTel]:
     reader = InMemoryMetricReader()
     meters = MeterProvider(metric_readers=[reader])
     exporter = InMemorySpanExporter()
     tracers = TracerProvider()
     tracers.add_span_processor(SimpleSpanProcessor(exporter))
     with otel.install(
-        meters, tracers, call_spans=call_spans, outbound_budget=outbound_budget
+        meters,
+        tracers,
+        call_spans=call_spans,
+        outbound_budget=outbound_budget,
+        max_label_values=max_label_values,
     ) as telemetry:
         yield OTel(reader, exporter, tracers.get_tracer("test"), telemetry)
     meters.shutdown()
@@ -243,6 +249,26 @@ def test_call_events_instead_of_spans() -> None:
         assert event.attributes is not None
         assert event.attributes["deadlines.dependency"] == "pricing"
         assert event.attributes["deadlines.remaining"] == 2.0
+
+
+def test_dependency_names_past_the_limit_fold_into_other_on_every_call() -> None:
+    """Past `max_label_values`, names fold into "other" call after call; in flight stays >= 0."""
+    for tel in _make(max_label_values=2):
+        emit(CallFinished("early", "ok", 0.1, 1.0))  # begun before install: no CallStarted
+        for name in ["early", "u0", "u1", "u2", "u1"]:  # u1 and u2 are past the limit
+            emit(CallStarted(name, 1.0))
+            emit(CallFinished(name, "ok", 0.1, 1.0, pool_wait=0.01))
+        emit(CallFinished("u2", "timeout", 0.2, 1.0, phase="headers"))
+        emit(CallStarted("early", 1.0))
+        deps = {dict(k)["dependency"] for k in tel.points("deadlines.outbound.calls")}
+        assert deps == {"early", "u0", "other"}
+        assert tel.point("deadlines.outbound.calls", dependency="other", outcome="ok").value == 3
+        assert tel.point("deadlines.outbound.duration", dependency="other", outcome="ok").count == 3
+        assert tel.point("deadlines.outbound.pool_wait", dependency="other").count == 3
+        timeouts = tel.point("deadlines.outbound.timeouts", dependency="other", phase="headers")
+        assert timeouts.value == 1
+        assert tel.point("deadlines.outbound.in_flight", dependency="other").value == 0
+        assert tel.point("deadlines.outbound.in_flight", dependency="early").value == 1
 
 
 def test_one_installation_per_meter_provider() -> None:
