@@ -305,8 +305,7 @@ class _Exchange:
 
     # Most requests end before the watcher starts and never change most of this state:
     # class-level defaults, so a request stores only what it sets (no __slots__ here).
-    started = False  # http.response.start went out
-    complete = False  # the last body chunk went out
+    _last: Message | None = None  # the last message the app sent (see `started`)
     caller_left: CallerLeft | None = None
     # The watcher's state.
     buffer: deque[Message] | None = None
@@ -335,13 +334,32 @@ class _Exchange:
         self._send = send
         self._started_at = started_at
 
+    @property
+    def started(self) -> bool:
+        """The response has started: the app sent its first message."""
+        return self._last is not None
+
+    @property
+    def complete(self) -> bool:
+        """The response is complete: its last body chunk (its file, its trailers) went out."""
+        last = self._last
+        if last is None:
+            return False
+        kind = last["type"]
+        if kind == "http.response.body":
+            return not last.get("more_body", False)
+        if kind == "http.response.trailers":
+            return not last.get("more_trailers", False)
+        return kind == "http.response.pathsend"
+
     async def _answer_timeout(self, found: float | None, limits_: Limits, budget: float) -> None:
         body = _inbound.timeout_body(
             limit=_inbound.limit_name(found, limits_, self._mw._header),
             budget=budget,
             elapsed=_clock.now() - self._started_at,
         )
-        self.started = self.complete = True
+        end: Message = {"type": "http.response.body", "body": body, "more_body": False}
+        self._last = end
         await self._send(
             {
                 "type": "http.response.start",
@@ -349,16 +367,17 @@ class _Exchange:
                 "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
             }
         )
-        await self._send({"type": "http.response.body", "body": body, "more_body": False})
+        await self._send(end)
 
     async def _answer_gone(self) -> None:
         """Complete the exchange for outer middlewares; the server drops the bytes."""
         if self.started:
             return
-        self.started = self.complete = True
+        end: Message = {"type": "http.response.body", "body": b"", "more_body": False}
+        self._last = end
         try:
             await self._send({"type": "http.response.start", "status": 499, "headers": []})
-            await self._send({"type": "http.response.body", "body": b"", "more_body": False})
+            await self._send(end)
         except OSError:  # ASGI 2.4: send on a closed connection raises an OSError
             pass
 
@@ -535,18 +554,12 @@ class _Exchange:
         return message
 
     def send(self, message: Message) -> Awaitable[None]:
-        """Pass `message` on, noting when the response starts and completes.
+        """Pass `message` on, keeping it as the last one sent (`started`, `complete`).
 
         A plain function returning the server's own awaitable: the app awaits that
         directly, with no coroutine of ours in between.
         """
-        kind = message["type"]
-        if kind == "http.response.start":
-            self.started = True
-        elif (kind == "http.response.body" and not message.get("more_body", False)) or (
-            kind == "http.response.pathsend"
-        ):
-            self.complete = True
+        self._last = message
         return self._send(message)
 
 
