@@ -345,7 +345,7 @@ class _Exchange:
         last = self._last
         if last is None:
             return False
-        kind = last["type"]
+        kind: str = last["type"]
         if kind == "http.response.body":
             return not last.get("more_body", False)
         if kind == "http.response.trailers":
