@@ -53,8 +53,8 @@ def _prometheus() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _otel(*, traced: bool = False) -> Iterator[None]:
-    from opentelemetry.sdk.metrics import MeterProvider
+def _otel(*, traced: bool = False, exemplars: bool = True) -> Iterator[None]:
+    from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter, MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -62,7 +62,9 @@ def _otel(*, traced: bool = False) -> Iterator[None]:
 
     from deadlines import otel
 
-    meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
+    # None: the SDK's default filter, which samples measurements made in a sampled span.
+    exemplar_filter = None if exemplars else AlwaysOffExemplarFilter()
+    meters = MeterProvider(metric_readers=[InMemoryMetricReader()], exemplar_filter=exemplar_filter)
     tracers = TracerProvider()
     spans = InMemorySpanExporter()
     tracers.add_span_processor(BatchSpanProcessor(spans))  # as in production
@@ -237,6 +239,13 @@ def run(quick: bool) -> list[Comparison]:
         event_path(
             "otel, in a span",
             lambda: _otel(traced=True),
+            rounds=rounds,
+            batches=batches,
+            calls=calls,
+        ),
+        event_path(
+            "otel, in a span, no exemplars",
+            lambda: _otel(traced=True, exemplars=False),
             rounds=rounds,
             batches=batches,
             calls=calls,
