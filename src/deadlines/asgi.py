@@ -44,6 +44,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock, _events, _inbound, _loop, _validate, wire
+from ._deadline import Deadline
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
@@ -134,8 +135,13 @@ class DeadlineMiddleware:
         exchange = _Exchange(self, scope, receive, send, _clock.now())
         found, expect = self._scan(scope)
         route, limits_ = self._route(scope)
-        budget = limits_.default if found is None else min(found, limits_.maximum)
-        budget = max(0.0, budget - self._reserve)
+        if found is None:
+            budget = limits_.default - self._reserve
+        else:
+            maximum = limits_.maximum
+            budget = (found if found < maximum else maximum) - self._reserve
+        if budget < 0.0:
+            budget = 0.0
         if _events._observers:
             _events.emit(_events.RequestStarted(route, budget))
         if budget <= 0.0:
@@ -153,9 +159,9 @@ class DeadlineMiddleware:
         try:
             try:
                 guard = deadline_scope(budget)
-                guard._enter()
+                deadline = guard._enter()
                 try:
-                    exchange._arm(loop, expect, guard)
+                    exchange._arm(loop, expect, guard, deadline)
                 except BaseException:
                     guard._exit()
                     raise
@@ -196,9 +202,10 @@ class DeadlineMiddleware:
             await exchange._answer_timeout(found, limits_, budget)
         finally:
             exchange._disarm()
-            if exchange.caller_left is not None:
-                outcome = "caller_left"
-            exchange._finish(route, outcome, budget)
+            if _events._observers:
+                if exchange.caller_left is not None:
+                    outcome = "caller_left"
+                exchange._finish(route, outcome, budget)
 
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
         last_loop, last = self._last
@@ -389,7 +396,11 @@ class _Exchange:
     # Watching for the caller leaving.
 
     def _arm(
-        self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool, guard: deadline_scope
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        expect_continue: bool,
+        guard: deadline_scope,
+        deadline: Deadline | None,
     ) -> None:
         """Register with the sweeper, which arms `guard` and starts the watcher when due.
 
@@ -397,8 +408,7 @@ class _Exchange:
         deadline that could pass before the sweeper comes round is armed now.
         """
         host = None if loop is None else asyncio.current_task(loop)
-        deadline = guard.deadline
-        assert deadline is not None
+        assert deadline is not None  # the guard's, entered with a budget
         watch_after = self._mw._watch_after
         # 2x: room for the sweeper's own lateness.
         if host is None or deadline._at <= self._started_at + 2 * watch_after:
