@@ -6,9 +6,10 @@ request, more per outbound call), nearly all of which end long before their dead
 so it pays for a timer object, a heap push and a cancelled entry in the loop's heap
 every time. Here every armed `Timeout` of a loop is an entry in one heap of ours, and
 the loop holds a single timer: the one for the earliest live entry. Leaving a block
-only marks its entry dead; dead entries are dropped when they reach the top, and the
-loop's timer, when it fires at an instant whose entry has gone, simply re-arms itself
-for the earliest live one. Precision is the loop's own: the same `call_at`, one timer.
+only marks its entry dead; dead entries are dropped when they reach the top, or all at
+once when they outnumber the live ones, and the loop's timer, when it fires at an
+instant whose entry has gone, simply re-arms itself for the earliest live one.
+Precision is the loop's own: the same `call_at`, one timer.
 
 The contract is asyncio's: the task is cancelled at `when`, and the block raises
 `TimeoutError` when that cancellation (and no other) ended it.
@@ -33,7 +34,7 @@ _CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(5)
 _STATE_NAMES: Final = ("created", "active", "expiring", "expired", "finished")
 # A loop timer may run up to the clock's resolution early (asyncio's own rule).
 _RESOLUTION: Final = time.get_clock_info("monotonic").resolution
-_COMPACT_AT: Final = 256  # heap size from which dead entries are swept in bulk
+_SWEEP_AT: Final = 128  # dead entries from which they are swept in bulk (if > 3x live)
 
 _order = itertools.count()  # ties in `when` keep arrival order; entries never compare alarms
 
@@ -147,13 +148,14 @@ class _LoopClock:
     compared.
     """
 
-    __slots__ = ("__weakref__", "_at", "_handle", "_heap", "_live", "_loop")
+    __slots__ = ("__weakref__", "_at", "_dead", "_handle", "_heap", "_live", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weak: the clocks dictionary is keyed by the loop and must not keep it alive.
         self._loop = weakref.ref(loop)
         self._heap: list[list[Any]] = []
         self._live = 0
+        self._dead = 0  # entries left in the heap after their block ended
         self._handle: asyncio.Handle | None = None
         self._at = 0.0  # when `_handle` runs
 
@@ -166,16 +168,16 @@ class _LoopClock:
         return entry
 
     def disarm(self, entry: list[Any]) -> None:
+        # Only marked: a dead entry leaves the heap when it reaches the top as the loop
+        # timer runs, or in a bulk sweep once the dead outnumber the live 3:1 (amortized
+        # O(1) per block; popping here would cost every block a heap walk).
         entry[2] = None
         self._live -= 1
-        heap = self._heap
-        while heap and heap[0][2] is None:
-            heappop(heap)
-        if len(heap) >= _COMPACT_AT and len(heap) > 4 * self._live:
-            # Timeouts left in the middle of the heap (a long one at the top holds the
-            # short ones behind it): sweep them all at once.
-            self._heap = [e for e in heap if e[2] is not None]
+        dead = self._dead = self._dead + 1
+        if dead >= _SWEEP_AT and dead > 3 * self._live:
+            self._heap = [e for e in self._heap if e[2] is not None]
             heapify(self._heap)
+            self._dead = 0
 
     def _schedule(self, when: float) -> None:
         loop = self._loop()
@@ -201,6 +203,7 @@ class _LoopClock:
             timeout = entry[2]
             if timeout is None:
                 heappop(heap)
+                self._dead -= 1
                 continue
             if entry[0] > due:
                 self._schedule(entry[0])
