@@ -69,7 +69,7 @@ class Timeout:
         if self._state != _CREATED:
             raise RuntimeError("a Timeout can be entered only once")
         if task is None:
-            task = asyncio.current_task(loop)
+            task = _loop.current_task(loop)
         if task is None:
             raise RuntimeError("a Timeout must be used inside a task")
         self._state = _ENTERED

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 _last = threading.local()
 
@@ -30,6 +33,17 @@ def running() -> asyncio.AbstractEventLoop | None:
     if loop is not None and getattr(loop, "_thread_id", None) is not None:
         _last.loop = weakref.ref(loop)
     return loop
+
+
+#: The task running on `loop` (this thread's running loop), or None.
+current_task: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]
+if sys.version_info >= (3, 12):
+    current_task = asyncio.current_task
+else:
+    # 3.11's `asyncio.current_task` is a Python function around a lookup in the table
+    # that `asyncio.Task` keeps in C, and every request and call asks: ask the table
+    # itself. (3.12 made `current_task` C.)
+    current_task = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined]
 
 
 def _forget() -> None:

@@ -407,7 +407,7 @@ class _Exchange:
         Most requests end within `watch_after`: they never arm a timer at all. A
         deadline that could pass before the sweeper comes round is armed now.
         """
-        host = None if loop is None else asyncio.current_task(loop)
+        host = None if loop is None else _loop.current_task(loop)
         assert deadline is not None  # the guard's, entered with a budget
         watch_after = self._mw._watch_after
         # 2x: room for the sweeper's own lateness.

@@ -63,3 +63,24 @@ def test_a_forked_child_forgets_the_parents_loop() -> None:
         return os.waitstatus_to_exitcode(status)
 
     assert asyncio.run(main()) == 0
+
+
+def test_current_task_is_asyncios() -> None:
+    """The task running on the loop, as asyncio says; None from a loop callback."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        assert _loop.current_task(loop) is asyncio.current_task()
+        seen: list[object] = []
+
+        async def inner() -> None:
+            seen.append(_loop.current_task(loop))
+
+        task = asyncio.create_task(inner())
+        await task
+        assert seen == [task]
+        from_callback = loop.create_future()
+        loop.call_soon(lambda: from_callback.set_result(_loop.current_task(loop)))
+        assert await from_callback is None
+
+    asyncio.run(main())
