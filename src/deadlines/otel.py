@@ -377,7 +377,7 @@ def install(
             span (False).
         outbound_budget: Also record the ``deadlines.outbound.budget`` histogram (the
             budget left when each call started). Off by default: each OTel histogram
-            record costs ~10 µs in the SDK, and every call span already carries the
+            record costs 6-18 µs in the SDK, and every call span already carries the
             same figure as ``deadlines.remaining``.
         max_label_values: Distinct dependency, route and queue attribute values kept for
             metrics; further values are counted under ``"other"``.
