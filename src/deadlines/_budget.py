@@ -92,10 +92,11 @@ class CallBudget:
         self.start = start = _clock.now()
         frame = _scope._frame.get()
         #: Clock instant of the request's deadline (inf without one).
-        self.request_end = request_end = math.inf if frame is None else frame.deadline.instant
+        self.request_end = request_end = math.inf if frame is None else frame.deadline._at
         #: Seconds the request's deadline scope was given (None without one).
         self.request_budget = None if frame is None else frame.budget
-        self.budget = max(0.0, request_end - start)  # inf without a deadline
+        budget = request_end - start
+        self.budget = budget = budget if budget > 0.0 else 0.0  # inf without a deadline
         own_end = start + dependency.total
         #: The call's end, and what sets it (ties go to the request's deadline).
         self.end = own_end if own_end < request_end else request_end
@@ -105,11 +106,11 @@ class CallBudget:
         #: The phase in progress: the one whose limit was computed last.
         self.phase: Phase | None = None
         self._frame = frame
-        self._sources: dict[Limit, Binding] = {}
+        self._sources: dict[Limit, Binding] | None = None  # made by the first `limit`
         self._finished = False
-        if self.budget <= 0.0 or self.budget < dependency.min_useful:
+        if budget <= 0.0 or budget < dependency.min_useful:
             exc = BudgetExhausted(
-                remaining=self.budget,
+                remaining=budget,
                 min_useful=dependency.min_useful,
                 dependency=dependency.name,
             )
@@ -141,13 +142,15 @@ class CallBudget:
             if cap_end < end:
                 end, source = cap_end, "cap"
             self.phase = _PHASE_OF[which]
+        if self._sources is None:
+            self._sources = {}
         self._sources[which] = source
         left = end - now
         return left if left > 0.0 else 0.0
 
     def binding(self, which: Limit) -> Binding:
         """What bounded phase `which` when its limit was last computed (`limit(which)`)."""
-        return self._sources.get(which, "cap")
+        return "cap" if self._sources is None else self._sources.get(which, "cap")
 
     def header_ms(self) -> str:
         """The remaining time to send onward (``x-request-timeout-ms``): until the call's end."""
