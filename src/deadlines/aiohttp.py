@@ -68,16 +68,18 @@ _NO_TIMEOUT = aiohttp.ClientTimeout(  # deadlines: ignore[DLN101] every phase bo
 )
 
 
-class _Call:
-    """One attempt: its budget, phase, and the one timer that bounds it to the head."""
+class _Call(CallBudget):
+    """One attempt: its budget, the limit in force, and the one timer that bounds it to the head.
 
-    __slots__ = ("budget", "guard", "limit", "loop", "queued_at", "request_sent")
+    A `CallBudget` itself (one object per call, not two).
+    """
 
-    def __init__(self, budget: CallBudget, loop: asyncio.AbstractEventLoop) -> None:
-        self.budget = budget
+    __slots__ = ("guard", "in_force", "loop", "queued_at")
+
+    def __init__(self, dependency: Dependency, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(dependency)  # BudgetExhausted here: nothing was sent
         self.loop = loop
-        self.limit: Limit = "pool"
-        self.request_sent = False
+        self.in_force: Limit = "pool"
         self.queued_at: float | None = None
         self.guard: _alarms.Timeout | None = None
 
@@ -87,8 +89,8 @@ class _Call:
 
     def arm(self, limit: Limit) -> None:
         """Enter the phase bounded by `limit`: start the guard, or move it, to its end."""
-        self.limit = limit
-        when = self.loop.time() + self.budget.limit(limit)
+        self.in_force = limit
+        when = self.loop.time() + self.limit(limit)
         if self.guard is None:
             self.guard = _alarms.Timeout(when)
             self.guard.enter(self.loop)  # left by `Session._attempt` once the head is in
@@ -97,17 +99,17 @@ class _Call:
 
     def connection_ready(self, request: aiohttp.ClientRequest) -> None:
         """A connection is ours: the request goes out now, with the time left in it."""
-        if self.budget.pool_wait is None:
-            self.budget.pool_wait = 0.0
-        request.headers[HEADER] = self.budget.header_ms()
+        if self.pool_wait is None:
+            self.pool_wait = 0.0
+        request.headers[HEADER] = self.header_ms()
         self.request_sent = True  # conservatively: from here on it may reach the server
         self.arm("headers")
 
     def error(self) -> TimeoutError:
         """The taxonomy error for the limit in force."""
-        if self.budget.pool_wait is None and self.queued_at is not None:
-            self.budget.pool_wait = _clock.now() - self.queued_at  # still queued
-        return self.budget.timeout(self.limit, request_sent=self.request_sent)
+        if self.pool_wait is None and self.queued_at is not None:
+            self.pool_wait = _clock.now() - self.queued_at  # still queued
+        return self.timeout(self.in_force, request_sent=self.request_sent)
 
 
 _current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
@@ -147,7 +149,7 @@ class _Connector(aiohttp.TCPConnector):
         if call.guard is None:
             call.arm("pool")  # the guard was not started until something could wait
         await super()._wait_for_available_connection(key, traces)
-        call.budget.pool_wait = _clock.now() - call.queued_at
+        call.pool_wait = _clock.now() - call.queued_at
         return None
 
     async def _create_connection(
@@ -155,8 +157,8 @@ class _Connector(aiohttp.TCPConnector):
     ) -> Any:
         call = _current.get()
         if call is not None:
-            if call.budget.pool_wait is None:
-                call.budget.pool_wait = 0.0
+            if call.pool_wait is None:
+                call.pool_wait = 0.0
             call.arm("connect")
         return await super()._create_connection(req, traces, timeout)
 
@@ -169,7 +171,7 @@ def _translate(call: _Call, timer: _alarms.Timeout | None, exc: TimeoutError) ->
     if timer is not None and timer.expired():
         return call.error()
     if isinstance(exc, aiohttp.SocketTimeoutError):  # the body's idle timer (sock_read)
-        call.limit = "idle"
+        call.in_force = "idle"
         return call.error()
     return exc
 
@@ -199,11 +201,11 @@ class _Content:
 
     async def _bounded(self, read: Coroutine[Any, Any, T]) -> T:
         call = self._call
-        call.limit = "total"
+        call.in_force = "total"
         try:
             if self._inner.is_eof():  # the rest of the body is buffered: no wait, no timer
                 return await read
-            timer = _alarms.Timeout(call.at(call.budget.limit("total")))
+            timer = _alarms.Timeout(call.at(call.limit("total")))
             try:
                 async with timer:
                     return await read
@@ -216,7 +218,7 @@ class _Content:
             response = self._response()
             if response is not None:
                 response.close()  # a broken or abandoned body: close the socket now
-            call.budget.finish(exc)
+            call.finish(exc)
             raise
 
     # The reads return `_bounded`'s coroutine rather than being coroutines themselves:
@@ -281,18 +283,18 @@ class Response(aiohttp.ClientResponse):
     def pool_wait(self) -> float | None:
         """Seconds spent waiting for a pooled connection (None if unknown)."""
         call = self._deadlines_call
-        return None if call is None else call.budget.pool_wait
+        return None if call is None else call.pool_wait
 
     def release(self) -> Any:
         """Release the connection and report the end of the call."""
         if self._deadlines_call is not None:
-            self._deadlines_call.budget.finish()
+            self._deadlines_call.finish()
         return super().release()
 
     def close(self) -> None:
         """Close the connection and report the end of the call."""
         if self._deadlines_call is not None:
-            self._deadlines_call.budget.finish()
+            self._deadlines_call.finish()
         super().close()
 
 
@@ -438,9 +440,8 @@ class Session:
         )
 
     async def _attempt(self, method: str, url: Any, kwargs: dict[str, Any]) -> Response:
-        budget = CallBudget(self.dependency)  # BudgetExhausted here: nothing was sent
-        budget.__enter__()
-        call = _Call(budget, self._loop)
+        call = _Call(self.dependency, self._loop)  # BudgetExhausted: nothing was sent
+        call.__enter__()
         token = _current.set(call)
         try:
             if self._eager or "middlewares" in kwargs:
@@ -464,7 +465,7 @@ class Session:
             if call.guard is not None:
                 call.guard.leave(None)
         except BaseException as exc:
-            budget.finish(exc)
+            call.finish(exc)
             raise
         finally:
             _current.reset(token)
