@@ -26,7 +26,6 @@ from ._errors import (
     PoolTimeout,
     TotalTimeout,
 )
-from .wire import format_ms
 
 Limit = Literal["pool", "connect", "headers", "idle", "total"]
 #: What bounds a phase: its own cap, the call's total cap, or the request's deadline.
@@ -154,7 +153,8 @@ class CallBudget:
 
     def header_ms(self) -> str:
         """The remaining time to send onward (``x-request-timeout-ms``): until the call's end."""
-        return format_ms(self.end - _clock.now())  # "0" once past
+        ms = (self.end - _clock.now()) * 1000.0
+        return str(int(ms)) if ms > 0.0 else "0"  # `wire.format_ms` inline: every call sends it
 
     def timeout(self, which: Limit, *, request_sent: bool | None = None) -> TimeoutError:
         """The error for phase `which` running out, naming the limit that was binding."""
@@ -194,7 +194,7 @@ class CallBudget:
     # Reporting to observers (metrics, traces, logs).
 
     def __enter__(self) -> CallBudget:
-        if _events.active():
+        if _events._observers:  # as `_events.active()`, without the call: every call asks
             _events.emit(_events.CallStarted(self.dependency.name, self.budget))
         return self
 
@@ -212,7 +212,7 @@ class CallBudget:
             return
         self._finished = True
         cut = error is not None and _is_cancellation(error) and self._note_cut()
-        if not _events.active():
+        if not _events._observers:
             return
         outcome: _events.CallOutcome
         phase: str | None = None

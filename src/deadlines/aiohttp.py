@@ -287,8 +287,9 @@ class Response(aiohttp.ClientResponse):
 
     def release(self) -> Any:
         """Release the connection and report the end of the call."""
-        if self._deadlines_call is not None:
-            self._deadlines_call.finish()
+        call = self._deadlines_call
+        if call is not None and not call._finished:  # aiohttp releases twice per call
+            call.finish()
         return super().release()
 
     def close(self) -> None:
