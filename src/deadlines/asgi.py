@@ -152,9 +152,7 @@ class DeadlineMiddleware:
         if loop is None:
             trio = _running_trio()
             if trio is not None:
-                trio_exchange = _TrioExchange(exchange, trio)
-                await trio_exchange.run_trio(route, limits_, found, budget, expect)
-                return
+                exchange = _TrioExchange(exchange, trio)
         outcome: RequestOutcome = "error"
         try:
             try:
@@ -188,7 +186,8 @@ class DeadlineMiddleware:
                 if exchange.caller_left is None:
                     raise
                 # The app failed because its caller went away (a send or read on a
-                # closed connection): nobody is left to tell.
+                # closed connection; under trio, an exception group that held the
+                # cancellation): nobody is left to tell.
                 _log.debug("error after the caller left", exc_info=True)
             else:
                 outcome = "ok"
@@ -629,55 +628,26 @@ class _TrioExchange(_Exchange):
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
         self._trio_sweeper: _TrioSweeper | None = None
 
-    async def run_trio(
-        self, route: str, limits_: Limits, found: float | None, budget: float, expect: bool
+    def _arm(
+        self,
+        loop: asyncio.AbstractEventLoop | None,
+        expect_continue: bool,
+        guard: deadline_scope,
+        deadline: Deadline | None,
     ) -> None:
-        """`run` after its start, under trio: the app under the deadline, watched."""
-        outcome: RequestOutcome = "error"
-        try:
-            try:
-                guard = deadline_scope(budget)
-                guard._enter_async(None)
-                # The caller leaving cancels the deadline's own trio CancelScope (one
-                # scope per request, not two: each costs microseconds); its exit then
-                # raises DeadlineExceeded, which `caller_left` turns into that outcome.
-                assert guard._canceller is not None
-                self._gone = guard._canceller._trio
-                try:
-                    # With "Expect: 100-continue", read ahead only after the app asked.
-                    self._may_read_ahead = not expect
-                    self._trio_sweeper = self._mw._trio_sweeper_for(self._trio)
-                    self._trio_sweeper.add(self)
-                    await self._mw.app(self.scope, self.receive, self.send)
-                except BaseException as exc:
-                    guard._exit_async(type(exc), exc)
-                    raise
-                guard._exit_async(None, None)
-                outcome = "ok"
-            except DeadlineExceeded:
-                if self.caller_left is None and not self.complete:
-                    raise
-                # Gone: the caller left; complete: only cleanup after the response was cut.
-                outcome = "caller_left" if self.caller_left is not None else "ok"
-            except Exception:
-                if self.caller_left is None:
-                    raise
-                # Failed because the caller went away (a closed connection), or an
-                # exception group that held the cancellation: nobody is left to tell.
-                _log.debug("error after the caller left", exc_info=True)
-            if self.caller_left is not None:
-                outcome = "caller_left"
-                await self._answer_gone()
-        except DeadlineExceeded as exc:
-            outcome = _inbound.deadline_outcome(exc)
-            if self.started:
-                raise  # the response is half out: let the server drop the connection
-            await self._answer_timeout(found, limits_, budget)
-        finally:
-            self._disarm()
-            if self.caller_left is not None:
-                outcome = "caller_left"
-            self._finish(route, outcome, budget)
+        """Register with the trio sweeper, then arm `guard` at once (a trio CancelScope).
+
+        The caller leaving cancels the deadline's own CancelScope (one scope per
+        request, not two: each costs microseconds); its exit then raises
+        DeadlineExceeded, which `caller_left` turns into that outcome.
+        """
+        # With "Expect: 100-continue", read ahead only after the app asked.
+        self._may_read_ahead = not expect_continue
+        self._trio_sweeper = self._mw._trio_sweeper_for(self._trio)
+        self._trio_sweeper.add(self)
+        guard._arm(None, None)
+        assert guard._canceller is not None
+        self._gone = guard._canceller._trio
 
     def _disarm(self) -> None:
         self._active = False
