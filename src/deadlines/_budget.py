@@ -26,6 +26,7 @@ from ._errors import (
     PoolTimeout,
     TotalTimeout,
 )
+from .wire import format_ms
 
 Limit = Literal["pool", "connect", "headers", "idle", "total"]
 #: What bounds a phase: its own cap, the call's total cap, or the request's deadline.
@@ -153,8 +154,7 @@ class CallBudget:
 
     def header_ms(self) -> str:
         """The remaining time to send onward (``x-request-timeout-ms``): until the call's end."""
-        ms = (self.end - _clock.now()) * 1000.0
-        return str(int(ms)) if ms > 0.0 else "0"  # `wire.format_ms` inline: every call sends it
+        return format_ms(self.end - _clock.now())  # "0" once past
 
     def timeout(self, which: Limit, *, request_sent: bool | None = None) -> TimeoutError:
         """The error for phase `which` running out, naming the limit that was binding."""

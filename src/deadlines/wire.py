@@ -60,9 +60,8 @@ def parse_ms(value: str | bytes) -> float | None:
 
 def format_ms(seconds: float) -> str:
     """Whole milliseconds remaining, rounded down, never negative."""
-    if math.isnan(seconds) or seconds <= 0:
-        return "0"
-    return str(math.floor(seconds * 1000.0))
+    ms = seconds * 1000.0
+    return str(int(ms)) if ms > 0.0 else "0"  # NaN fails the test; int() floors a positive
 
 
 def parse_grpc_timeout(value: str | bytes) -> float | None:
