@@ -106,7 +106,7 @@ class CallBudget:
         #: The phase in progress: the one whose limit was computed last.
         self.phase: Phase | None = None
         self._frame = frame
-        self._sources: dict[Limit, Binding] | None = None  # made by the first `limit`
+        self._sources: dict[Limit, Binding] = {}
         self._finished = False
         if budget <= 0.0 or budget < dependency.min_useful:
             exc = BudgetExhausted(
@@ -142,15 +142,13 @@ class CallBudget:
             if cap_end < end:
                 end, source = cap_end, "cap"
             self.phase = _PHASE_OF[which]
-        if self._sources is None:
-            self._sources = {}
         self._sources[which] = source
         left = end - now
         return left if left > 0.0 else 0.0
 
     def binding(self, which: Limit) -> Binding:
         """What bounded phase `which` when its limit was last computed (`limit(which)`)."""
-        return "cap" if self._sources is None else self._sources.get(which, "cap")
+        return self._sources.get(which, "cap")
 
     def header_ms(self) -> str:
         """The remaining time to send onward (``x-request-timeout-ms``): until the call's end."""

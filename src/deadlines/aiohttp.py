@@ -90,7 +90,7 @@ class _Call(CallBudget):
     def arm(self, limit: Limit) -> None:
         """Enter the phase bounded by `limit`: start the guard, or move it, to its end."""
         self.in_force = limit
-        when = self.loop.time() + self.limit(limit)
+        when = self.at(self.limit(limit))
         if self.guard is None:
             self.guard = _alarms.Timeout(when)
             self.guard.enter(self.loop)  # left by `Session._attempt` once the head is in
@@ -287,9 +287,8 @@ class Response(aiohttp.ClientResponse):
 
     def release(self) -> Any:
         """Release the connection and report the end of the call."""
-        call = self._deadlines_call
-        if call is not None and not call._finished:  # aiohttp releases twice per call
-            call.finish()
+        if self._deadlines_call is not None:
+            self._deadlines_call.finish()  # once: aiohttp releases twice per call
         return super().release()
 
     def close(self) -> None:
