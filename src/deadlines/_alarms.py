@@ -218,21 +218,20 @@ _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClock] = (
     weakref.WeakKeyDictionary()
 )
 _clocks_lock = threading.Lock()
-_last = threading.local()  # each thread's last clock: one loop per thread is the rule
-_recent: _LoopClock | None = None  # the last clock of any thread: a global is read fastest
+# The clock last asked for, by any thread: most processes run one loop. A global, as
+# `_loop.running()` keeps its loop; threads with loops of their own that take turns
+# go to the dictionary.
+_recent: _LoopClock | None = None
 
 
 def _clock_for(loop: asyncio.AbstractEventLoop) -> _LoopClock:
     global _recent
     clock = _recent
-    if clock is not None and clock._loop() is loop:  # the one loop of most processes
+    if clock is not None and clock._loop() is loop:
         return clock
-    clock = getattr(_last, "clock", None)
-    if clock is None or clock._loop() is not loop:
-        with _clocks_lock:
-            clock = _clocks.get(loop)
-            if clock is None:
-                clock = _clocks[loop] = _LoopClock(loop)
-        _last.clock = clock
+    with _clocks_lock:
+        clock = _clocks.get(loop)
+        if clock is None:
+            clock = _clocks[loop] = _LoopClock(loop)
     _recent = clock
     return clock
