@@ -200,9 +200,7 @@ class _Recorder:
             key = self._in_flight_keys.get(event.dependency)
             if key is None:
                 key = self._in_flight_key(event.dependency)
-            counts = self.calls_in_flight.counts
-            with self._lock:
-                counts[key] = counts.get(key, 0) + 1
+            self.calls_in_flight.add(key)
         elif isinstance(event, _events.CallFinished):
             self._call_finished(event)
         elif isinstance(event, _events.RequestStarted):
