@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from metrics_net import until
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import AlwaysOnExemplarFilter, MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import DropAggregation, View
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 from opentelemetry.trace import StatusCode, Tracer
 
 import deadlines
@@ -29,7 +33,7 @@ from deadlines import (
     otel,
 )
 from deadlines._events import emit
-from deadlines.httpx import AsyncClient
+from deadlines.httpx import AsyncClient, Client
 from deadlines.lab.servers import HealthyServer, SilentServer, SlowServer
 
 pytestmark = pytest.mark.anyio
@@ -306,3 +310,192 @@ def test_one_installation_per_meter_provider() -> None:
     meters.shutdown()
     with pytest.raises(ValueError, match="strictly increasing"):
         otel.install(MeterProvider(), buckets=[2, 1])
+
+
+# Histogram records made outside a sampled span are held back and handed to the SDK in
+# bulk (see _Recorder): these tests check that no collection ever misses one.
+
+
+def _histogram(reader: InMemoryMetricReader, name: str, **attributes: str) -> Any:
+    """The point of histogram `name` with `attributes` in one fresh collection, or None."""
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                for point in metric.data.data_points if metric.name == name else ():
+                    if dict(point.attributes) == attributes:
+                        return point
+    return None
+
+
+def test_held_records_are_in_every_collection_of_every_reader() -> None:
+    """Each collection, by either of two readers, holds every call that ended before it."""
+    first, second = InMemoryMetricReader(), InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[first, second])
+    with otel.install(meters, outbound_budget=True) as telemetry:
+        ended = 0
+        for batch in [1, 5, otel._BATCH + 3, 2 * otel._BATCH, 1]:
+            for _ in range(batch):
+                emit(CallFinished("db", "ok", 0.01, 2.0, pool_wait=0.001))
+            ended += batch
+            assert telemetry._recorder._held or batch > otel._BATCH  # the path under test
+            for reader in (first, second, first):
+                duration = _histogram(
+                    reader, "deadlines.outbound.duration", dependency="db", outcome="ok"
+                )
+                assert duration.count == ended
+                assert duration.sum == pytest.approx(0.01 * ended)
+                assert (
+                    _histogram(reader, "deadlines.outbound.pool_wait", dependency="db").count
+                    == ended
+                )
+                assert (
+                    _histogram(reader, "deadlines.outbound.budget", dependency="db").count == ended
+                )
+        emit(RequestStarted("/a", 1.5))  # the inbound budget is held back the same way
+        assert _histogram(first, "deadlines.inbound.budget", route="/a").sum == 1.5
+    meters.shutdown()
+
+
+def test_held_records_are_collected_when_the_counters_are_dropped_by_a_view() -> None:
+    """The flush rides on an observable counter's callback, which runs even if dropped."""
+    reader = InMemoryMetricReader()
+    drop = View(instrument_name="deadlines.outbound.calls", aggregation=DropAggregation())
+    meters = MeterProvider(metric_readers=[reader], views=[drop])
+    with otel.install(meters):
+        emit(CallFinished("db", "ok", 0.01, 2.0))
+        point = _histogram(reader, "deadlines.outbound.duration", dependency="db", outcome="ok")
+        assert point.count == 1
+        assert _histogram(reader, "deadlines.outbound.calls", dependency="db", outcome="ok") is None
+    meters.shutdown()
+
+
+def test_held_back_list_stays_bounded() -> None:
+    """Without any collection, the held-back records never pile up past one batch."""
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    with otel.install(meters) as telemetry:
+        most = 0
+        for _ in range(10 * otel._BATCH):
+            emit(CallFinished("db", "ok", 0.01, 2.0, pool_wait=0.001))
+            most = max(most, len(telemetry._recorder._held))
+        assert 0 < most < otel._BATCH
+        total = _histogram(reader, "deadlines.outbound.duration", dependency="db", outcome="ok")
+        assert total.count == 10 * otel._BATCH
+    meters.shutdown()
+
+
+def test_held_records_keep_their_context_for_exemplars() -> None:
+    """A held record's exemplar links to the span current when the call ended."""
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader], exemplar_filter=AlwaysOnExemplarFilter())
+    tracer = TracerProvider(sampler=ALWAYS_OFF).get_tracer("test")  # valid, not sampled
+    with otel.install(meters) as telemetry:
+        with tracer.start_as_current_span("unsampled") as span:
+            emit(CallFinished("db", "ok", 0.01, 2.0))
+        assert telemetry._recorder._held  # held: the span is not sampled
+        (exemplar,) = _histogram(
+            reader, "deadlines.outbound.duration", dependency="db", outcome="ok"
+        ).exemplars
+        assert exemplar.span_id == span.get_span_context().span_id
+        assert exemplar.trace_id == span.get_span_context().trace_id
+    meters.shutdown()
+
+
+def test_records_in_a_sampled_span_go_to_the_sdk_at_once(tel: OTel) -> None:
+    """In a sampled span nothing is held: its exemplar keeps the time of the call's end."""
+    with tel.tracer.start_as_current_span("hop") as span:
+        emit(CallFinished("db", "ok", 0.01, 2.0, pool_wait=0.001))
+        emit(RequestStarted("/a", 1.5))
+    assert tel.telemetry._recorder._held == []
+    duration = tel.point("deadlines.outbound.duration", dependency="db", outcome="ok")
+    (exemplar,) = duration.exemplars
+    assert exemplar.span_id == span.get_span_context().span_id
+
+
+def test_calls_ending_on_many_threads_are_in_every_collection() -> None:
+    """Real sync GETs from a thread pool while another thread collects: none is missed."""
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    threads, per_thread = 8, 60
+    ended = [0] * threads  # calls each worker has seen return
+    done = threading.Event()
+    seen: list[tuple[int, int]] = []  # (ended before a collection, its histogram count)
+
+    def collect() -> None:
+        while not done.is_set():
+            before = sum(ended)
+            point = _histogram(
+                reader, "deadlines.outbound.duration", dependency="api", outcome="ok"
+            )
+            seen.append((before, 0 if point is None else point.count))
+
+    with otel.install(meters), HealthyServer() as server:
+        with Client(Dependency("api"), base_url=server.url) as client:
+
+            def work(i: int) -> None:
+                for _ in range(per_thread):
+                    client.get("/").raise_for_status()
+                    ended[i] += 1
+
+            collector = threading.Thread(target=collect)
+            collector.start()
+            try:
+                with ThreadPoolExecutor(threads) as pool:
+                    list(pool.map(work, range(threads)))
+            finally:
+                done.set()
+                collector.join(timeout=30)
+        total = threads * per_thread
+        assert (
+            _histogram(reader, "deadlines.outbound.duration", dependency="api", outcome="ok").count
+            == total
+        )
+        assert _histogram(reader, "deadlines.outbound.pool_wait", dependency="api").count == total
+    meters.shutdown()
+    assert len(seen) >= 3, "the collector must have run during the calls"
+    for before, count in seen:
+        assert count >= before
+    counts = [count for _, count in seen]
+    assert counts == sorted(counts)  # cumulative: never a record taken back
+
+
+def test_calls_ending_on_many_threads_at_full_speed_are_never_missed() -> None:
+    """Events from 8 threads, hundreds of bulk flushes, a collector racing them."""
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    threads, per_thread = 8, 40 * otel._BATCH
+    ended = [0] * threads
+    start = threading.Barrier(threads + 1)
+    done = threading.Event()
+    missed: list[tuple[int, int]] = []
+
+    def collect() -> None:
+        start.wait()
+        while not done.is_set():
+            before = sum(ended)
+            point = _histogram(reader, "deadlines.outbound.pool_wait", dependency="db")
+            count = 0 if point is None else point.count
+            if count < before:
+                missed.append((before, count))
+
+    def work(i: int) -> None:
+        start.wait()
+        for _ in range(per_thread):
+            emit(CallFinished("db", "ok", 0.01, 2.0, pool_wait=0.001))
+            ended[i] += 1
+
+    with otel.install(meters):
+        collector = threading.Thread(target=collect)
+        collector.start()
+        try:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(work, range(threads)))
+        finally:
+            done.set()
+            collector.join(timeout=30)
+        point = _histogram(reader, "deadlines.outbound.pool_wait", dependency="db")
+    meters.shutdown()
+    assert missed == []
+    assert point.count == threads * per_thread
+    assert point.sum == pytest.approx(0.001 * threads * per_thread)
