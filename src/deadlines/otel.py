@@ -30,10 +30,12 @@ plain attribute names: ``dependency``, ``outcome``, ``phase``, ``route``, ``queu
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from types import TracebackType
@@ -42,7 +44,7 @@ from typing import Final
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context, get_current
 from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
-from opentelemetry.trace import Span, Status, StatusCode, Tracer, TracerProvider
+from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer, TracerProvider
 from opentelemetry.util.types import AttributeValue
 
 from . import __version__, _events
@@ -59,14 +61,23 @@ __all__ = ["DEFAULT_BUCKETS", "OVERFLOW_LABEL", "Telemetry", "install"]
 
 _FAILED: Final = frozenset({"timeout", "deadline", "budget_exhausted", "error"})
 _Attributes = dict[str, AttributeValue]
-# A histogram record held back: instrument, value, attributes, the caller's context.
+# A histogram record: instrument, value, attributes, the context it was made in.
 _Record = tuple[Histogram, float, _Attributes, Context]
+# What the observer holds back until the next flush, oldest first: the dependency of a
+# call that started; a call that ended, with its context and whether its histograms are
+# recorded already; or one histogram record.
+_Held = str | tuple[_events.CallFinished, Context, bool] | _Record
 
-# Held-back records are handed to the SDK when this many are waiting (a flush of 64
-# takes ~0.4 ms), and at every collection. Past _HELD_MAX a call waits for a running
-# flush instead of adding to the list, so it stays bounded.
-_BATCH: Final = 64
+# Held-back items are applied when this many wait (a flush of 96, ~64 of them records,
+# takes ~0.4 ms), and at every collection. Past _HELD_MAX a call waits for a flush that
+# another thread runs instead of only adding to the queue, so it stays bounded.
+_BATCH: Final = 96
 _HELD_MAX: Final = 1024
+
+
+def _sampled(span: Span) -> bool:
+    """Whether the SDK's default exemplar filter (trace_based) samples a record in `span`."""
+    return span is not INVALID_SPAN and span.get_span_context().trace_flags.sampled
 
 
 def _from_sdk(meter: metrics.Meter) -> bool:
@@ -138,23 +149,25 @@ class _Plan:
 class _Recorder:
     """The deadlines instruments of one meter provider, and the observer that feeds them.
 
-    Histogram records made outside a sampled span are held back in a short list and
-    handed to the SDK in bulk: each `Histogram.record()` costs ~6 µs when they run back
-    to back but 15-18 µs one at a time between the rest of a call's work. The list is
-    emptied when it reaches `_BATCH` records and by a callback of the first observable
-    counter. The SDK (`SynchronousMeasurementConsumer.collect`) runs every observable
+    An outbound call's metrics are held back: the observer appends the call's start and
+    end to a queue, and a flush applies them in bulk (in-flight and call counts under
+    one lock, then the histogram records), because each SDK `Histogram.record()` costs
+    ~6 µs back to back but 15-18 µs one at a time between the rest of a call's work. A
+    flush runs when `_BATCH` items wait and from a callback of the first observable
+    counter: the SDK (`SynchronousMeasurementConsumer.collect`) runs every observable
     callback before it reads any instrument's storage, under the lock that serializes
-    collections, so each collection, by every reader, sees every call that ended
-    before it began. Records in a sampled span go to the SDK at once: an exemplar keeps
-    the time of its record() call, and the call's span costs far more anyway.
+    collections, so every collection, by every reader, sees every call that ended
+    before it began. In a sampled span the histograms are recorded at once, so an
+    exemplar keeps the time of the call's end (the call's span costs far more anyway).
+    With a meter that is not the SDK's, each event is applied as it comes.
     """
 
     def __init__(self, meter_provider: MeterProvider, buckets: tuple[float, ...], limit: int):
         meter = meter_provider.get_meter("deadlines", __version__)
         # Only the SDK is known to run observable callbacks before it reads histograms.
-        self._hold = _from_sdk(meter)
-        self._held: list[_Record] = []  # replaced, appended to, only under self._lock
-        self._flushing = threading.Lock()  # held while records are handed to the SDK
+        self._holds = _from_sdk(meter)
+        self._held: deque[_Held] = deque()  # appended to anywhere, emptied by a flush
+        self._flushing = threading.Lock()  # held while a flush takes items and applies them
         self.buckets = buckets
         self.telemetry: Telemetry | None = None
         self._tracer: Tracer = trace.get_tracer("deadlines", __version__)
@@ -216,26 +229,79 @@ class _Recorder:
     def detach(self) -> None:
         """Stop; in-flight counts restart from zero at the next install."""
         self.telemetry = None
+        self.flush()  # calls that ended count; then what is in flight is forgotten
         self.calls_in_flight.clear()
         self.requests_in_flight.clear()
 
     def flush(self, wait: bool = True) -> None:
-        """Hand every held-back histogram record to the SDK, oldest first.
+        """Apply every held-back item, oldest first: counts, then histogram records.
 
-        The whole swap-and-record runs under `_flushing`, so a collection that flushes
-        waits for a flush another thread has begun: no record is between the list and
-        the SDK while a collection reads the storages. With ``wait=False`` (a call that
-        filled the list) it returns at once if another flush is running.
+        Taking the items and applying them both run under `_flushing`, so a collection
+        that flushes waits for a flush another thread has begun: no item is between the
+        queue and the SDK while a collection reads. With ``wait=False`` (a call that
+        filled the queue) it returns at once if another flush is running.
         """
         if not self._flushing.acquire(wait):
             return
         try:
-            with self._lock:
-                held, self._held = self._held, []
-            for histogram, value, attributes, context in held:
-                histogram.record(value, attributes, context)
+            held = self._held
+            # Only here are items taken, so the len(held) oldest are there to take.
+            self._apply([held.popleft() for _ in range(len(held))])
         finally:
             self._flushing.release()
+
+    def _apply(self, items: list[_Held]) -> None:
+        # Keys and plans first, outside the lock: a new name may log (LabelGuard).
+        steps: list[tuple[str] | tuple[_Plan, _events.CallFinished, Context, bool]] = []
+        records: list[_Record] = []
+        for item in items:
+            if isinstance(item, str):
+                key = self._in_flight_keys.get(item)
+                steps.append(key if key is not None else self._in_flight_key(item))
+            elif len(item) == 3:
+                event = item[0]
+                plan = self._plans.get((event.dependency, event.outcome))
+                if plan is None:
+                    plan = self._plan(event.dependency, event.outcome)
+                steps.append((plan, *item))
+            else:
+                records.append(item)
+        ended: list[tuple[_Plan, _events.CallFinished, Context]] = []
+        in_flight, calls = self.calls_in_flight.counts, self.calls.counts
+        timeouts, fail_fast = self.timeouts.counts, self.fail_fast.counts
+        with self._lock:
+            for step in steps:
+                if len(step) == 1:
+                    in_flight[step] = in_flight.get(step, 0) + 1
+                    continue
+                plan, event, context, recorded = step
+                if event.started:  # never below zero: calls begun before install
+                    in_flight[plan.in_flight] = max(0, in_flight.get(plan.in_flight, 0) - 1)
+                calls[plan.calls] = calls.get(plan.calls, 0) + 1
+                if plan.outcome in ("timeout", "deadline"):
+                    phase = event.phase if event.phase in PHASES else "unknown"
+                    timeouts[plan.dep, phase] = timeouts.get((plan.dep, phase), 0) + 1
+                elif plan.outcome == "budget_exhausted":
+                    fail_fast[plan.in_flight] = fail_fast.get(plan.in_flight, 0) + 1
+                if not recorded:
+                    ended.append((plan, event, context))
+        for plan, event, context in ended:
+            self._record(plan, event, context)
+        for histogram, value, attributes, context in records:
+            histogram.record(value, attributes, context)
+
+    def _record(self, plan: _Plan, event: _events.CallFinished, context: Context) -> None:
+        self.duration.record(event.duration, plan.duration, context)
+        if event.pool_wait is not None:
+            self.pool_wait.record(event.pool_wait, plan.dependency, context)
+        if self._outbound_budget and math.isfinite(event.budget):
+            self.budget.record(event.budget, plan.dependency, context)
+
+    def _hold(self, item: _Held) -> None:
+        held = self._held
+        held.append(item)
+        if not self._holds or len(held) >= _BATCH:
+            self.flush(not self._holds or len(held) >= _HELD_MAX)
 
     def _flush_at_collection(self, options: CallbackOptions) -> Iterable[Observation]:
         self.flush()
@@ -248,17 +314,14 @@ class _Recorder:
             attrs = self._attrs[pairs] = dict(zip(pairs[::2], pairs[1::2], strict=True))
         return attrs
 
-    # The observer: runs inline on every call, so it does little and never raises. The
-    # two histogram records are most of the cost; around them, the outbound events touch
-    # as few objects as they can (one cached plan per dependency and outcome, one lock).
+    # The observer: runs inline on every call, so it does little and never raises. An
+    # outbound call's start and end are appended to the held-back queue (no lock: a
+    # deque's append is atomic); only a call in a recording span does more inline.
 
     def observe(self, event: _events.Event) -> None:
         """Record one event (an `_events.Observer`)."""
         if isinstance(event, _events.CallStarted):
-            key = self._in_flight_keys.get(event.dependency)
-            if key is None:
-                key = self._in_flight_key(event.dependency)
-            self.calls_in_flight.add(key)
+            self._hold(event.dependency)
         elif isinstance(event, _events.CallFinished):
             self._call_finished(event)
         elif isinstance(event, _events.RequestStarted):
@@ -269,17 +332,10 @@ class _Recorder:
             context = get_current()
             span = trace.get_current_span(context)
             attrs = self._a("route", route)
-            if self._hold and not span.get_span_context().trace_flags.sampled:
-                key, counts = (route,), self.requests_in_flight.counts
-                with self._lock:  # the flush swaps the list under this lock: read it here
-                    counts[key] = counts.get(key, 0) + 1
-                    held = self._held
-                    held.append((self.inbound_budget, event.budget, attrs, context))
-                    full = len(held)
-                if full >= _BATCH:
-                    self.flush(full >= _HELD_MAX)
+            self.requests_in_flight.add((route,))
+            if self._holds and not _sampled(span):
+                self._hold((self.inbound_budget, event.budget, attrs, context))
             else:
-                self.requests_in_flight.add((route,))
                 self.inbound_budget.record(event.budget, attrs, context)
             if span.is_recording():
                 span.set_attribute("deadlines.request.budget", event.budget)
@@ -301,36 +357,18 @@ class _Recorder:
         return key
 
     def _call_finished(self, event: _events.CallFinished) -> None:
-        outcome = event.outcome
-        plan = self._plans.get((event.dependency, outcome))
-        if plan is None:
-            plan = self._plan(event.dependency, outcome)
         context = get_current()
         span = trace.get_current_span(context)
-        records: list[_Record] = [(self.duration, event.duration, plan.duration, context)]
-        if event.pool_wait is not None:
-            records.append((self.pool_wait, event.pool_wait, plan.dependency, context))
-        if self._outbound_budget and math.isfinite(event.budget):
-            records.append((self.budget, event.budget, plan.dependency, context))
-        hold = self._hold and not span.get_span_context().trace_flags.sampled
-        in_flight, calls = self.calls_in_flight.counts, self.calls.counts
-        with self._lock:  # the in-flight count never goes below zero (calls begun before)
-            if event.started:
-                in_flight[plan.in_flight] = max(0, in_flight.get(plan.in_flight, 0) - 1)
-            calls[plan.calls] = calls.get(plan.calls, 0) + 1
-            if hold:  # the flush swaps the list under this lock: never extend a list
-                held = self._held  # that is already being handed to the SDK
-                held += records
-                full = len(held)
-        if not hold:
-            for histogram, value, attributes, ctx in records:
-                histogram.record(value, attributes, ctx)
-        elif full >= _BATCH:
-            self.flush(full >= _HELD_MAX)
-        if outcome != "ok":
-            self._call_failed(event, plan)
+        recorded = self._holds and _sampled(span)
+        if recorded:  # now: an exemplar keeps the time of its record
+            plan = self._plans.get((event.dependency, event.outcome))
+            self._record(plan or self._plan(event.dependency, event.outcome), event, context)
+        if event.error is not None:  # hold no traceback, and the frames it keeps alive
+            self._hold((dataclasses.replace(event, error=None), context, recorded))
+        else:
+            self._hold((event, context, recorded))
         if span.is_recording():
-            self._call_trace(span, event, outcome, context)
+            self._call_trace(span, event, event.outcome, context)
 
     def _plan(self, dependency: str, outcome: str) -> _Plan:
         dep = self._dependency(dependency)
@@ -340,13 +378,6 @@ class _Recorder:
         if dep == dependency:  # folded names are not kept: they are unbounded
             self._plans[(dependency, outcome)] = plan
         return plan
-
-    def _call_failed(self, event: _events.CallFinished, plan: _Plan) -> None:
-        if plan.outcome in ("timeout", "deadline"):
-            phase = event.phase if event.phase in PHASES else "unknown"
-            self.timeouts.add((plan.dep, phase))
-        elif plan.outcome == "budget_exhausted":
-            self.fail_fast.add((plan.dep,))
 
     def _call_trace(
         self, span: Span, event: _events.CallFinished, outcome: str, context: Context
@@ -457,8 +488,8 @@ def install(
             span (False).
         outbound_budget: Also record the ``deadlines.outbound.budget`` histogram (the
             budget left when each call started). Off by default: each OTel histogram
-            record costs 6-18 µs in the SDK, and every call span already carries the
-            same figure as ``deadlines.remaining``.
+            record costs ~6 µs of SDK work per call (more in a sampled span), and every
+            call span already carries the same figure as ``deadlines.remaining``.
         max_label_values: Distinct dependency, route and queue attribute values kept for
             metrics; further values are counted under ``"other"``.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -353,7 +354,14 @@ def test_held_records_are_in_every_collection_of_every_reader() -> None:
                     _histogram(reader, "deadlines.outbound.budget", dependency="db").count == ended
                 )
         emit(RequestStarted("/a", 1.5))  # the inbound budget is held back the same way
+        emit(CallFinished("db", "timeout", 0.3, 2.0, phase="headers", error=TimeoutError()))
+        held = telemetry._recorder._held[-1]  # without the exception and its traceback
+        assert isinstance(held, tuple) and held[0].error is None
         assert _histogram(first, "deadlines.inbound.budget", route="/a").sum == 1.5
+        timeouts = _histogram(
+            first, "deadlines.outbound.timeouts", dependency="db", phase="headers"
+        )
+        assert timeouts.value == 1
     meters.shutdown()
 
 
@@ -403,14 +411,24 @@ def test_held_records_keep_their_context_for_exemplars() -> None:
 
 
 def test_records_in_a_sampled_span_go_to_the_sdk_at_once(tel: OTel) -> None:
-    """In a sampled span nothing is held: its exemplar keeps the time of the call's end."""
+    """In a sampled span the histograms are recorded inline: exemplars have the call's time."""
     with tel.tracer.start_as_current_span("hop") as span:
         emit(CallFinished("db", "ok", 0.01, 2.0, pool_wait=0.001))
         emit(RequestStarted("/a", 1.5))
-    assert tel.telemetry._recorder._held == []
-    duration = tel.point("deadlines.outbound.duration", dependency="db", outcome="ok")
-    (exemplar,) = duration.exemplars
-    assert exemplar.span_id == span.get_span_context().span_id
+        ended = time.time_ns()
+    data = tel.reader.get_metrics_data()  # one collection: each resets the exemplars
+    assert data is not None
+    exemplars = {
+        metric.name: point.exemplars
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for metric in sm.metrics
+        for point in metric.data.data_points
+    }
+    for name in ["outbound.duration", "outbound.pool_wait", "inbound.budget"]:
+        (exemplar,) = exemplars[f"deadlines.{name}"]
+        assert exemplar.span_id == span.get_span_context().span_id
+        assert exemplar.time_unix_nano <= ended  # not the time of the collection's flush
 
 
 def test_calls_ending_on_many_threads_are_in_every_collection() -> None:
@@ -469,19 +487,25 @@ def test_calls_ending_on_many_threads_at_full_speed_are_never_missed() -> None:
     start = threading.Barrier(threads + 1)
     done = threading.Event()
     missed: list[tuple[int, int]] = []
+    in_flight: set[int] = set()
 
     def collect() -> None:
         start.wait()
         while not done.is_set():
             before = sum(ended)
-            point = _histogram(reader, "deadlines.outbound.pool_wait", dependency="db")
-            count = 0 if point is None else point.count
-            if count < before:
-                missed.append((before, count))
+            data = reader.get_metrics_data()
+            assert data is not None
+            for metric in data.resource_metrics[0].scope_metrics[0].metrics:
+                (point,) = metric.data.data_points
+                if metric.name == "deadlines.outbound.pool_wait" and point.count < before:
+                    missed.append((before, point.count))
+                elif metric.name == "deadlines.outbound.in_flight":
+                    in_flight.add(point.value)
 
     def work(i: int) -> None:
         start.wait()
         for _ in range(per_thread):
+            emit(CallStarted("db", 2.0))
             emit(CallFinished("db", "ok", 0.01, 2.0, pool_wait=0.001))
             ended[i] += 1
 
@@ -495,7 +519,10 @@ def test_calls_ending_on_many_threads_at_full_speed_are_never_missed() -> None:
             done.set()
             collector.join(timeout=30)
         point = _histogram(reader, "deadlines.outbound.pool_wait", dependency="db")
+        after = _histogram(reader, "deadlines.outbound.in_flight", dependency="db").value
     meters.shutdown()
     assert missed == []
+    assert in_flight <= set(range(threads + 1))  # never one end counted before its start
+    assert after == 0
     assert point.count == threads * per_thread
     assert point.sum == pytest.approx(0.001 * threads * per_thread)
