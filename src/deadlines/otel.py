@@ -300,8 +300,12 @@ class _Recorder:
     def _hold(self, item: _Held) -> None:
         held = self._held
         held.append(item)
-        if not self._holds or len(held) >= _BATCH:
-            self.flush(not self._holds or len(held) >= _HELD_MAX)
+        if len(held) >= _BATCH or not self._holds:
+            self._flush_held()
+
+    def _flush_held(self) -> None:
+        """After an append that filled the queue (or for a meter that is not the SDK's)."""
+        self.flush(not self._holds or len(self._held) >= _HELD_MAX)
 
     def _flush_at_collection(self, options: CallbackOptions) -> Iterable[Observation]:
         self.flush()
@@ -321,7 +325,10 @@ class _Recorder:
     def observe(self, event: _events.Event) -> None:
         """Record one event (an `_events.Observer`)."""
         if isinstance(event, _events.CallStarted):
-            self._hold(event.dependency)
+            held = self._held  # _hold(), inline: this runs on every call
+            held.append(event.dependency)
+            if len(held) >= _BATCH or not self._holds:
+                self._flush_held()
         elif isinstance(event, _events.CallFinished):
             self._call_finished(event)
         elif isinstance(event, _events.RequestStarted):
@@ -359,15 +366,22 @@ class _Recorder:
     def _call_finished(self, event: _events.CallFinished) -> None:
         context = get_current()
         span = trace.get_current_span(context)
-        recorded = self._holds and _sampled(span)
-        if recorded:  # now: an exemplar keeps the time of its record
-            plan = self._plans.get((event.dependency, event.outcome))
-            self._record(plan or self._plan(event.dependency, event.outcome), event, context)
-        if event.error is not None:  # hold no traceback, and the frames it keeps alive
-            self._hold((dataclasses.replace(event, error=None), context, recorded))
+        if span is INVALID_SPAN:  # outside any trace: nothing to do now but hold
+            recorded = traced = False
         else:
-            self._hold((event, context, recorded))
-        if span.is_recording():
+            recorded = self._holds and span.get_span_context().trace_flags.sampled
+            traced = span.is_recording()
+            if recorded:  # now: an exemplar keeps the time of its record
+                plan = self._plans.get((event.dependency, event.outcome))
+                self._record(plan or self._plan(event.dependency, event.outcome), event, context)
+        held = self._held  # _hold(), inline: this runs on every call
+        if event.error is None:
+            held.append((event, context, recorded))
+        else:  # hold no traceback, and the frames it keeps alive
+            held.append((dataclasses.replace(event, error=None), context, recorded))
+        if len(held) >= _BATCH or not self._holds:
+            self._flush_held()
+        if traced:
             self._call_trace(span, event, event.outcome, context)
 
     def _plan(self, dependency: str, outcome: str) -> _Plan:
