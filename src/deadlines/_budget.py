@@ -92,7 +92,7 @@ class CallBudget:
         self.start = start = _clock.now()
         frame = _scope._frame.get()
         #: Clock instant of the request's deadline (inf without one).
-        self.request_end = request_end = math.inf if frame is None else frame.deadline._at
+        self.request_end = request_end = math.inf if frame is None else frame.at
         #: Seconds the request's deadline scope was given (None without one).
         self.request_budget = None if frame is None else frame.budget
         budget = request_end - start
@@ -248,7 +248,7 @@ class CallBudget:
         """Tell the request's scope where this call was if its deadline cancelled it."""
         frame = self._frame
         # The loop's timer and our clock may disagree by a hair about the instant.
-        if frame is None or frame.deadline.remaining() > _CUT_TOLERANCE:
+        if frame is None or frame.at - _clock.now() > _CUT_TOLERANCE:
             return False
         sent = self.request_sent or self.phase in ("headers", "body")
         frame.cut = _scope.Cut(self.dependency.name, self.phase, sent, self.pool_wait)

@@ -27,17 +27,32 @@ R = TypeVar("R")
 
 
 class _Frame:
-    """What the context holds: the deadline and how it was made, for error messages."""
+    """What the context holds: the deadline's instant and how it was made, for errors.
 
-    __slots__ = ("budget", "cut", "deadline", "started")
+    The `Deadline` object itself is made only when somebody asks (`current()`): most
+    requests never do, and the hot paths read `at`.
+    """
 
-    def __init__(self, deadline: Deadline, budget: float, started: float) -> None:
-        self.deadline = deadline
+    __slots__ = ("_deadline", "at", "budget", "cut", "started")
+
+    def __init__(
+        self, at: float, budget: float, started: float, deadline: Deadline | None = None
+    ) -> None:
+        self.at = at  # the clock instant of the deadline
         self.budget = budget  # seconds the binding scope was given when it was entered
         self.started = started  # clock reading when it was entered
+        self._deadline = deadline
         # The outbound call this deadline cut short, noted by `CallBudget.finish`, so
         # the scope's `DeadlineExceeded` can say which dependency and phase it stopped.
         self.cut: Cut | None = None
+
+    @property
+    def deadline(self) -> Deadline:
+        """The deadline as a `Deadline` (the one the scope was given, if it was)."""
+        deadline = self._deadline
+        if deadline is None:
+            deadline = self._deadline = Deadline._unchecked(self.at)
+        return deadline
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +79,10 @@ def current() -> Deadline | None:
 def remaining() -> float:
     """Seconds left before the current deadline (never negative); `math.inf` without one."""
     frame = _frame.get()
-    return math.inf if frame is None else frame.deadline.remaining()
+    if frame is None:
+        return math.inf
+    left = frame.at - _clock.now()
+    return left if left > 0.0 else 0.0
 
 
 def check() -> None:
@@ -73,7 +91,7 @@ def check() -> None:
     Sync code cannot be interrupted; call this between steps of long work.
     """
     frame = _frame.get()
-    if frame is not None and frame.deadline.expired:
+    if frame is not None and _clock.now() >= frame.at:
         raise _exceeded(frame)
 
 
@@ -136,6 +154,28 @@ class scope:
         self._timeout: _alarms.Timeout | None = None  # the asyncio canceller, inline
         self._canceller: _Canceller | None = None  # trio's
 
+    @classmethod
+    def _bind(cls, budget: float, start: float) -> scope:
+        """An entered scope of `budget` seconds from `start`, its timer not armed yet.
+
+        For an integration on its hot path (the ASGI middleware, once per request): the
+        budget is already valid, the start is the request's arrival, and the timer is
+        armed later with `_arm`, if at all. Left with `_exit_async`, as usual.
+        """
+        self = object.__new__(cls)
+        self._budget = budget
+        self._deadline = None
+        self._entered = True
+        self._timeout = None
+        self._canceller = None
+        frame = _frame.get()
+        at = start + budget
+        if frame is None or at < frame.at:
+            frame = _Frame(at, budget, start)
+        self._frame = frame
+        self._token = _frame.set(frame)
+        return self
+
     @property
     def deadline(self) -> Deadline | None:
         """The effective deadline inside the block (None before entry or without one)."""
@@ -151,10 +191,10 @@ class scope:
             start = _clock.now()
             if budget is not None:
                 at = start + budget
-                if frame is None or at < frame.deadline._at:
-                    frame = _Frame(Deadline._unchecked(at), budget, start)
-            if given is not None and (frame is None or given._at < frame.deadline._at):
-                frame = _Frame(given, max(0.0, given._at - start), start)
+                if frame is None or at < frame.at:
+                    frame = _Frame(at, budget, start)
+            if given is not None and (frame is None or given._at < frame.at):
+                frame = _Frame(given._at, max(0.0, given._at - start), start, given)
         self._frame = frame
         self._token = _frame.set(frame)
         return None if frame is None else frame.deadline
@@ -199,22 +239,28 @@ class scope:
         `watch_after`, so that the many that end sooner never touch a timer.
         """
         assert self._frame is not None
-        deadline = self._frame.deadline
+        # What remains, not the frame's start: the binding frame may be an outer one
+        # entered long ago (a sync scope arms no timer of its own).
+        left = self._frame.at - _clock.now()
+        if left < 0.0:
+            left = 0.0
         if loop is not None:  # the common case, inline
-            # remaining(), not the frame's start: the binding frame may be an outer one
-            # entered long ago (a sync scope arms no timer of its own).
-            timeout = _alarms.Timeout(loop.time() + deadline.remaining())
+            timeout = _alarms.Timeout(loop.time() + left)
             timeout.enter(loop, task)
             self._timeout = timeout
         else:
-            self._canceller = _Canceller.start(deadline)
+            self._canceller = _Canceller.start(left)
 
     def _exit_async(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         """What ``async with`` does on exit: disarm, restore, and raise `DeadlineExceeded`
         when this scope's own cancellation ended the block."""
+        timeout = self._timeout
+        if timeout is None and self._canceller is None:  # never armed: most ASGI requests
+            self._exit()
+            return
         try:
-            if self._timeout is not None:
-                fired = self._timeout.leave(exc_type)
+            if timeout is not None:
+                fired = timeout.leave(exc_type)
             elif self._canceller is not None:
                 fired = self._canceller.stop(exc_type, exc)
             else:
@@ -248,18 +294,18 @@ class _Canceller:
         self._trio: Any = None
 
     @classmethod
-    def start(cls, deadline: Deadline) -> _Canceller:
-        """Arm a canceller for `deadline` in the running task."""
+    def start(cls, seconds: float) -> _Canceller:
+        """Arm a canceller `seconds` from now in the running task."""
         self = cls()
         loop = _loop.running()
         if loop is not None:
-            self._asyncio = _alarms.Timeout(loop.time() + deadline.remaining())
+            self._asyncio = _alarms.Timeout(loop.time() + seconds)
             self._asyncio.enter(loop)
             return self
         trio = _running_trio()
         if trio is None:
             raise RuntimeError("deadlines.scope needs a running asyncio or trio event loop")
-        self._trio = trio.CancelScope(deadline=trio.current_time() + deadline.remaining())
+        self._trio = trio.CancelScope(deadline=trio.current_time() + seconds)
         self._trio.__enter__()
         return self
 

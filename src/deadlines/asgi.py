@@ -44,7 +44,6 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock, _events, _inbound, _loop, _validate, wire
-from ._deadline import Deadline
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
@@ -65,6 +64,8 @@ _ROUTE_CACHE_SIZE = 1024
 _OUR_HEADER = wire.HEADER.encode()
 _MAX_MS_DIGITS = 12  # as `wire.parse_ms`: longer is garbage, not a budget
 _NO_WAITERS: list[Any] = []  # shared empty list: never appended to
+# A route's label, its limits, the budget without a header (less the reserve), the maximum.
+_Route = tuple[str, Limits, float, float]
 
 
 class DeadlineMiddleware:
@@ -113,12 +114,17 @@ class DeadlineMiddleware:
         self._known = frozenset({self._header_bytes, b"expect", *(n.encode() for n in others)})
         self._read_ahead = read_ahead
         self._watch_after = _validate.seconds(watch_after, "watch_after")
-        self._routes: dict[tuple[int, str, str], tuple[str, Limits]] = {}
-        self._own_routes: bool | None = None  # does `app` itself have routes? (first call)
+        # A deadline that could pass before the sweeper comes round is armed on arrival
+        # (2x: room for the sweeper's own lateness).
+        self._arm_within = 2 * self._watch_after
+        # The app's routes, if it has them itself; else each request's ``scope["app"]``.
+        self._routed = app if _routes_of(app) is not None else None
+        self._routes_app: object = None  # the app `_routes` was filled for
+        self._routes: dict[tuple[str, str], _Route] = {}
         self._sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
             weakref.WeakKeyDictionary()
         )
-        self._last: tuple[asyncio.AbstractEventLoop | None, _Sweeper | None] = (None, None)
+        self._sweeper: _Sweeper | None = None  # the last one asked for
         self._trio_sweepers: Any = None  # a trio RunVar, made by the first request under trio
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -132,34 +138,30 @@ class DeadlineMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        exchange = _Exchange(self, scope, receive, send, _clock.now())
+        started = _clock.now()
         found, expect = self._scan(scope)
-        route, limits_ = self._route(scope)
-        if found is None:
-            budget = limits_.default - self._reserve
-        else:
-            maximum = limits_.maximum
+        route, limits_, budget, maximum = self._route(scope)
+        if found is not None:
             budget = (found if found < maximum else maximum) - self._reserve
-        if budget < 0.0:
-            budget = 0.0
+            if budget < 0.0:
+                budget = 0.0
         if _events._observers:
             _events.emit(_events.RequestStarted(route, budget))
+        loop = _loop.running()
+        if loop is not None:
+            exchange = _Exchange(self, receive, send, started)
+        else:
+            exchange = self._exchange_outside_asyncio(receive, send, started)
         if budget <= 0.0:
             await exchange._answer_timeout(found, limits_, budget)
             exchange._finish(route, "budget_exhausted", budget)
             return
-        loop = _loop.running()
-        if loop is None:
-            trio = _running_trio()
-            if trio is not None:
-                exchange = _TrioExchange(exchange, trio)
         outcome: RequestOutcome = "error"
         try:
             try:
-                guard = deadline_scope(budget)
-                deadline = guard._enter()
+                guard = deadline_scope._bind(budget, started)
                 try:
-                    exchange._arm(loop, expect, guard, deadline)
+                    exchange._arm(loop, expect, guard)
                 except BaseException:
                     guard._exit()
                     raise
@@ -206,14 +208,18 @@ class DeadlineMiddleware:
                     outcome = "caller_left"
                 exchange._finish(route, outcome, budget)
 
+    def _exchange_outside_asyncio(self, receive: Receive, send: Send, started: float) -> _Exchange:
+        """Under trio, the trio exchange; with no loop at all, one that fails as a scope would."""
+        trio = _running_trio()
+        if trio is None:
+            return _Exchange(self, receive, send, started)
+        return _TrioExchange(self, receive, send, started, trio)
+
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
-        last_loop, last = self._last
-        if last_loop is loop and last is not None:
-            return last
         sweeper = self._sweepers.get(loop)
         if sweeper is None:
             sweeper = self._sweepers[loop] = _Sweeper(loop, self._watch_after)
-        self._last = (loop, sweeper)
+        self._sweeper = sweeper
         return sweeper
 
     def _trio_sweeper_for(self, trio: Any) -> _TrioSweeper:
@@ -226,27 +232,33 @@ class DeadlineMiddleware:
             runs.set(sweeper)
         return sweeper
 
-    def _route(self, scope: Scope) -> tuple[str, Limits]:
-        """The route label and limits for a request, cached per (app, method, path)."""
-        own = self._own_routes
-        if own is None:
-            own = self._own_routes = _routes_of(self.app) is not None
-        app = self.app if own else scope.get("app")
-        method, path = scope.get("method", "GET"), scope.get("path", "/")
-        key = (id(app), method, path)
+    def _route(self, scope: Scope) -> _Route:
+        """The route label, its limits, default budget and maximum, cached per method and path.
+
+        The cache holds one app's routes: it is refilled if requests come from another
+        (a middleware instance serves one app, in practice).
+        """
+        app = self._routed
+        if app is None:
+            app = scope.get("app")
+        if app is not self._routes_app:
+            self._routes_app = app
+            self._routes = {}
+        key = (scope.get("method", "GET"), scope.get("path", "/"))
         found = self._routes.get(key)
         if found is None:
-            found = self._resolve(app, scope, method, path)
+            found = self._resolve(app, scope, *key)
             if len(self._routes) >= _ROUTE_CACHE_SIZE:
                 self._routes.clear()
             self._routes[key] = found
         return found
 
-    def _resolve(self, app: Any, scope: Scope, method: str, path: str) -> tuple[str, Limits]:
+    def _resolve(self, app: Any, scope: Scope, method: str, path: str) -> _Route:
         pattern, table_limits = self._table.match(method, path)
         template, marked = _match_framework_route(app, scope)
-        label = template or pattern or _inbound.UNMATCHED
-        return label, marked or table_limits
+        found = marked or table_limits
+        default = found.default - self._reserve
+        return template or pattern or _inbound.UNMATCHED, found, max(default, 0.0), found.maximum
 
     def _scan(self, scope: Scope) -> tuple[float | None, bool]:
         """The smallest valid deadline among the request's headers, and Expect: 100-continue.
@@ -331,11 +343,8 @@ class _Exchange:
     _active = True
     _may_read_ahead = True
 
-    def __init__(
-        self, mw: DeadlineMiddleware, scope: Scope, receive: Receive, send: Send, started_at: float
-    ) -> None:
+    def __init__(self, mw: DeadlineMiddleware, receive: Receive, send: Send, started_at: float):
         self._mw = mw
-        self.scope = scope
         self._receive = receive
         self._send = send
         self._started_at = started_at
@@ -395,11 +404,7 @@ class _Exchange:
     # Watching for the caller leaving.
 
     def _arm(
-        self,
-        loop: asyncio.AbstractEventLoop | None,
-        expect_continue: bool,
-        guard: deadline_scope,
-        deadline: Deadline | None,
+        self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool, guard: deadline_scope
     ) -> None:
         """Register with the sweeper, which arms `guard` and starts the watcher when due.
 
@@ -407,14 +412,8 @@ class _Exchange:
         deadline that could pass before the sweeper comes round is armed now.
         """
         host = None if loop is None else _loop.current_task(loop)
-        assert deadline is not None  # the guard's, entered with a budget
-        watch_after = self._mw._watch_after
-        # 2x: room for the sweeper's own lateness.
-        if host is None or deadline._at <= self._started_at + 2 * watch_after:
-            guard._arm(loop, host)  # without a task (or a loop): fails as the scope would
-        else:
-            self._guard = guard
         if loop is None or host is None:
+            guard._arm(loop, host)  # fails as the scope would: no loop, no task
             return
         self._host = host
         self._loop = loop
@@ -422,8 +421,18 @@ class _Exchange:
             # The server answers "100 Continue" on the first receive(): read ahead only
             # after the app asked for the body itself.
             self._may_read_ahead = False
-        sweeper = self._sweeper = self._mw._sweeper_for(loop)
+        mw = self._mw
+        frame = guard._frame
+        assert frame is not None
+        if frame.at <= self._started_at + mw._arm_within:
+            guard._arm(loop, host)
+        else:
+            self._guard = guard
+        sweeper = mw._sweeper
+        if sweeper is None or sweeper._loop is not loop:
+            sweeper = mw._sweeper_for(loop)
         sweeper.add(self)
+        self._sweeper = sweeper
 
     def _disarm(self) -> None:
         self._active = False
@@ -437,7 +446,7 @@ class _Exchange:
     def _watch(self) -> None:
         """Due at `watch_after`: arm the deadline if it waited, and start the watcher."""
         guard, self._guard = self._guard, None
-        if guard is not None and self._active:
+        if guard is not None:
             guard._arm(self._loop, self._host)
         self._start_pump()
 
@@ -618,10 +627,10 @@ class _TrioExchange(_Exchange):
 
     __slots__ = ("_arrived", "_gone", "_space", "_trio", "_trio_sweeper")
 
-    def __init__(self, exchange: _Exchange, trio: Any) -> None:
-        super().__init__(
-            exchange._mw, exchange.scope, exchange._receive, exchange._send, exchange._started_at
-        )
+    def __init__(
+        self, mw: DeadlineMiddleware, receive: Receive, send: Send, started_at: float, trio: Any
+    ) -> None:
+        super().__init__(mw, receive, send, started_at)
         self._trio = trio
         self._gone: Any = None  # the CancelScope around the app (the deadline's)
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
@@ -629,11 +638,7 @@ class _TrioExchange(_Exchange):
         self._trio_sweeper: _TrioSweeper | None = None
 
     def _arm(
-        self,
-        loop: asyncio.AbstractEventLoop | None,
-        expect_continue: bool,
-        guard: deadline_scope,
-        deadline: Deadline | None,
+        self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool, guard: deadline_scope
     ) -> None:
         """Register with the trio sweeper, then arm `guard` at once (a trio CancelScope).
 

@@ -44,7 +44,6 @@ from typing import Any, Generic, Literal, TypeVar, overload
 
 from . import _clock, _scope, _validate
 from ._budget import CallBudget
-from ._deadline import Deadline
 from ._dependency import Dependency
 from ._errors import HeadersTimeout, IdleTimeout
 
@@ -207,7 +206,7 @@ async def _within(budget: CallBudget, which: _Which, awaitable: Awaitable[T]) ->
         if inspect.iscoroutine(awaitable):
             awaitable.close()
         raise _timeout(budget, which)
-    canceller = _scope._Canceller.start(Deadline.after(limit))
+    canceller = _scope._Canceller.start(limit)
     try:
         result = await awaitable
     except BaseException as exc:
