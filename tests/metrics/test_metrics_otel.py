@@ -488,10 +488,12 @@ def test_calls_ending_on_many_threads_at_full_speed_are_never_missed() -> None:
     done = threading.Event()
     missed: list[tuple[int, int]] = []
     in_flight: set[int] = set()
+    longest = [0]  # the longest the held-back queue was seen
 
     def collect() -> None:
         start.wait()
         while not done.is_set():
+            longest[0] = max(longest[0], len(telemetry._recorder._held))
             before = sum(ended)
             data = reader.get_metrics_data()
             assert data is not None
@@ -509,7 +511,7 @@ def test_calls_ending_on_many_threads_at_full_speed_are_never_missed() -> None:
             emit(CallFinished("db", "ok", 0.01, 2.0, pool_wait=0.001))
             ended[i] += 1
 
-    with otel.install(meters):
+    with otel.install(meters) as telemetry:
         collector = threading.Thread(target=collect)
         collector.start()
         try:
@@ -524,5 +526,6 @@ def test_calls_ending_on_many_threads_at_full_speed_are_never_missed() -> None:
     assert missed == []
     assert in_flight <= set(range(threads + 1))  # never one end counted before its start
     assert after == 0
+    assert longest[0] <= otel._HELD_MAX + 2 * threads
     assert point.count == threads * per_thread
     assert point.sum == pytest.approx(0.001 * threads * per_thread)
