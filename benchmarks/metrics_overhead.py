@@ -18,10 +18,10 @@ exporters; the loopback server runs in a process of its own) over a batch of cal
 CPU time, not wall time, because the exporters' cost is CPU work and because wall time
 swings by a factor of three when other processes load the machine.
 
-`deadlines.otel` holds histogram records back and hands them to the SDK in bulk (64 at
-a time, and at every collection). Each setup yields a `settle` function that does what
-the next collection would do first; it runs before each timed batch and inside it, at
-its end, so every record a batch makes is paid for within that batch.
+`deadlines.otel` holds an outbound call's metrics back and applies them in bulk (every
+64 queued items, and at every collection). Each setup yields a `settle` function that
+does what the next collection would do first; it runs before each timed batch and
+inside it, at its end, so every record a batch makes is paid for within that batch.
 """
 
 from __future__ import annotations
