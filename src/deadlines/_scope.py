@@ -154,15 +154,14 @@ class scope:
         self._timeout: _alarms.Timeout | None = None  # the asyncio canceller, inline
         self._canceller: _Canceller | None = None  # trio's
 
-    @classmethod
-    def _bind(cls, budget: float, start: float) -> scope:
-        """An entered scope of `budget` seconds from `start`, its timer not armed yet.
+    def _open(self, budget: float, start: float) -> None:
+        """Enter with `budget` seconds from `start`, the timer not armed yet.
 
-        For an integration on its hot path (the ASGI middleware, once per request): the
-        budget is already valid, the start is the request's arrival, and the timer is
-        armed later with `_arm`, if at all. Left with `_exit_async`, as usual.
+        For an integration on its hot path (the ASGI middleware's exchange, a subclass,
+        once per request): the budget is already valid, the start is the request's
+        arrival, `__init__` did not run (every slot is set here), and the timer is armed
+        later with `_arm`, if at all. Left with `_exit_async`, as usual.
         """
-        self = object.__new__(cls)
         self._budget = budget
         self._deadline = None
         self._entered = True
@@ -174,7 +173,6 @@ class scope:
             frame = _Frame(at, budget, start)
         self._frame = frame
         self._token = _frame.set(frame)
-        return self
 
     @property
     def deadline(self) -> Deadline | None:
@@ -256,7 +254,8 @@ class scope:
         when this scope's own cancellation ended the block."""
         timeout = self._timeout
         if timeout is None and self._canceller is None:  # never armed: most ASGI requests
-            self._exit()
+            _frame.reset(self._token)  # type: ignore[arg-type]  # entered: a token
+            self._token = None
             return
         try:
             if timeout is not None:

@@ -157,20 +157,16 @@ class DeadlineMiddleware:
             exchange._finish(route, "budget_exhausted", budget)
             return
         outcome: RequestOutcome = "error"
+        exchange._open(budget, started)
         try:
             try:
-                guard = deadline_scope._bind(budget, started)
                 try:
-                    exchange._arm(loop, expect, guard)
-                except BaseException:
-                    guard._exit()
-                    raise
-                try:
+                    exchange._register(loop, expect)
                     await self.app(scope, exchange.receive, exchange.send)
                 except BaseException as exc:
-                    guard._exit_async(type(exc), exc)
+                    exchange._exit_async(type(exc), exc)
                     raise
-                guard._exit_async(None, None)
+                exchange._exit_async(None, None)
             except asyncio.CancelledError:
                 if not exchange._cancels:
                     raise
@@ -318,8 +314,12 @@ class DeadlineMiddleware:
         return best, expect
 
 
-class _Exchange:
-    """One request: the wrapped receive and send, the watcher and the outcome."""
+class _Exchange(deadline_scope):
+    """One request: its deadline scope, the wrapped receive and send, the watcher, the outcome.
+
+    The exchange is the request's `deadlines.scope` (entered with `_open`, one object
+    less per request), armed at once or by the sweeper (`_register`).
+    """
 
     # Most requests end before the watcher starts and never change most of this state:
     # class-level defaults, so a request stores only what it sets (no __slots__ here).
@@ -336,7 +336,7 @@ class _Exchange:
     _direct = 0
     _eof = False
     _host: asyncio.Task[Any] | None = None
-    _guard: deadline_scope | None = None  # entered, its timer not armed yet
+    _deferred = False  # the deadline's timer waits for the sweeper
     _loop: asyncio.AbstractEventLoop | None = None
     _sweeper: _Sweeper | None = None
     _cancels = 0
@@ -403,17 +403,15 @@ class _Exchange:
 
     # Watching for the caller leaving.
 
-    def _arm(
-        self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool, guard: deadline_scope
-    ) -> None:
-        """Register with the sweeper, which arms `guard` and starts the watcher when due.
+    def _register(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
+        """Register with the sweeper, which arms the deadline and starts the watcher when due.
 
         Most requests end within `watch_after`: they never arm a timer at all. A
         deadline that could pass before the sweeper comes round is armed now.
         """
         host = None if loop is None else _loop.current_task(loop)
         if loop is None or host is None:
-            guard._arm(loop, host)  # fails as the scope would: no loop, no task
+            self._arm(loop, host)  # fails as the scope would: no loop, no task
             return
         self._host = host
         self._loop = loop
@@ -422,22 +420,24 @@ class _Exchange:
             # after the app asked for the body itself.
             self._may_read_ahead = False
         mw = self._mw
-        frame = guard._frame
-        assert frame is not None
-        if frame.at <= self._started_at + mw._arm_within:
-            guard._arm(loop, host)
+        assert self._frame is not None
+        if self._frame.at <= self._started_at + mw._arm_within:
+            self._arm(loop, host)
         else:
-            self._guard = guard
+            self._deferred = True
         sweeper = mw._sweeper
         if sweeper is None or sweeper._loop is not loop:
             sweeper = mw._sweeper_for(loop)
-        sweeper.add(self)
+        # `_Sweeper.add`, inline: it runs for every request.
+        sweeper._pending[self] = self._started_at
+        if sweeper._handle is None:
+            sweeper._wake()
         self._sweeper = sweeper
 
     def _disarm(self) -> None:
         self._active = False
         if self._sweeper is not None:
-            self._sweeper.discard(self)
+            self._sweeper._pending.pop(self, None)  # `discard`, inline
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
         if self._cancels:
@@ -445,9 +445,9 @@ class _Exchange:
 
     def _watch(self) -> None:
         """Due at `watch_after`: arm the deadline if it waited, and start the watcher."""
-        guard, self._guard = self._guard, None
-        if guard is not None:
-            guard._arm(self._loop, self._host)
+        if self._deferred:
+            self._deferred = False
+            self._arm(self._loop, self._host)
         self._start_pump()
 
     def _start_pump(self) -> None:
@@ -585,7 +585,8 @@ class _Sweeper:
     """Starts the watcher of each request that has run for `after` seconds; one per loop.
 
     One timer for all requests in flight instead of one per request: a request that
-    ends sooner costs a dict insert and delete.
+    ends sooner costs a dict insert and delete (made inline by `_Exchange`). Arrival
+    times are `_clock` readings, the clock a request's deadline is on.
     """
 
     __slots__ = ("_after", "_handle", "_loop", "_pending")
@@ -596,22 +597,18 @@ class _Sweeper:
         self._pending: dict[_Exchange, float] = {}  # insertion order = arrival order
         self._handle: asyncio.TimerHandle | None = None
 
-    def add(self, exchange: _Exchange) -> None:
-        self._pending[exchange] = self._loop.time()
-        if self._handle is None:
-            self._handle = self._loop.call_later(self._after, self._sweep)
-
-    def discard(self, exchange: _Exchange) -> None:
-        self._pending.pop(exchange, None)
+    def _wake(self) -> None:
+        """Come round `after` from now: the first request since the sweeper was idle."""
+        self._handle = self._loop.call_later(self._after, self._sweep)
 
     def _sweep(self) -> None:
         self._handle = None
         pending = self._pending
-        due = self._loop.time() - self._after
+        now = _clock.now()
         while pending:
             exchange, arrived = next(iter(pending.items()))
-            if arrived > due:
-                self._handle = self._loop.call_at(arrived + self._after, self._sweep)
+            if arrived > now - self._after:
+                self._handle = self._loop.call_later(arrived + self._after - now, self._sweep)
                 return
             del pending[exchange]
             exchange._watch()
@@ -637,10 +634,8 @@ class _TrioExchange(_Exchange):
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
         self._trio_sweeper: _TrioSweeper | None = None
 
-    def _arm(
-        self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool, guard: deadline_scope
-    ) -> None:
-        """Register with the trio sweeper, then arm `guard` at once (a trio CancelScope).
+    def _register(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
+        """Register with the trio sweeper, then arm the deadline at once (a trio CancelScope).
 
         The caller leaving cancels the deadline's own CancelScope (one scope per
         request, not two: each costs microseconds); its exit then raises
@@ -650,9 +645,9 @@ class _TrioExchange(_Exchange):
         self._may_read_ahead = not expect_continue
         self._trio_sweeper = self._mw._trio_sweeper_for(self._trio)
         self._trio_sweeper.add(self)
-        guard._arm(None, None)
-        assert guard._canceller is not None
-        self._gone = guard._canceller._trio
+        self._arm(None, None)
+        assert self._canceller is not None
+        self._gone = self._canceller._trio
 
     def _disarm(self) -> None:
         self._active = False
