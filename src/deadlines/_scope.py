@@ -154,13 +154,14 @@ class scope:
         self._timeout: _alarms.Timeout | None = None  # the asyncio canceller, inline
         self._canceller: _Canceller | None = None  # trio's
 
-    def _open(self, budget: float, start: float) -> None:
-        """Enter with `budget` seconds from `start`, the timer not armed yet.
+    def _open(self, budget: float, start: float) -> float:
+        """Enter with `budget` seconds from `start`, the timer not armed yet; the deadline.
 
         For an integration on its hot path (the ASGI middleware's exchange, a subclass,
         once per request): the budget is already valid, the start is the request's
         arrival, `__init__` did not run (every slot is set here), and the timer is armed
-        later with `_arm`, if at all. Left with `_exit_async`, as usual.
+        later with `_arm`, if at all. Left with `_exit_async`, as usual. Returns the
+        clock instant of the deadline in force (an outer one may be earlier).
         """
         self._budget = budget
         self._deadline = None
@@ -173,6 +174,7 @@ class scope:
             frame = _Frame(at, budget, start)
         self._frame = frame
         self._token = _frame.set(frame)
+        return frame.at
 
     @property
     def deadline(self) -> Deadline | None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
 import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -49,6 +50,8 @@ from ._events import RequestOutcome
 from ._inbound import Limits, limits
 from ._scope import _running_trio
 from ._scope import scope as deadline_scope
+
+_get_ident = threading.get_ident
 
 __all__ = ["DeadlineMiddleware", "Limits", "limits"]
 
@@ -147,7 +150,14 @@ class DeadlineMiddleware:
                 budget = 0.0
         if _events._observers:
             _events.emit(_events.RequestStarted(route, budget))
-        loop = _loop.running()
+        # The running loop and its sweeper: the last sweeper's loop while that runs in
+        # this thread (`_loop.running`'s test, inline), else asked for.
+        sweeper = self._sweeper
+        if sweeper is not None and getattr(sweeper._loop, "_thread_id", None) == _get_ident():
+            loop: asyncio.AbstractEventLoop | None = sweeper._loop
+        else:
+            loop = _loop.running()
+            sweeper = None if loop is None else self._sweeper_for(loop)
         if loop is not None:
             exchange = _Exchange(self, receive, send, started)
         else:
@@ -157,11 +167,31 @@ class DeadlineMiddleware:
             exchange._finish(route, "budget_exhausted", budget)
             return
         outcome: RequestOutcome = "error"
-        exchange._open(budget, started)
+        at = exchange._open(budget, started)
         try:
             try:
                 try:
-                    exchange._register(loop, expect)
+                    if sweeper is None:
+                        exchange._register(loop, expect)  # trio (or no loop: fails)
+                    else:
+                        # Registration with the sweeper, which arms the deadline and
+                        # starts the watcher when due; inline, as every request does it.
+                        # Most requests end within `watch_after` and never arm a timer;
+                        # a deadline that could pass before the sweeper comes round is
+                        # armed now.
+                        assert loop is not None
+                        exchange._host = host = _loop.current_task(loop)
+                        exchange._loop = loop
+                        if expect:  # "100 Continue" goes out on the app's first read
+                            exchange._may_read_ahead = False
+                        if host is None or at <= started + self._arm_within:
+                            exchange._arm(loop, host)  # without a task: fails as a scope
+                        else:
+                            exchange._deferred = True
+                        sweeper._pending[exchange] = started
+                        if sweeper._handle is None:
+                            sweeper._wake()
+                        exchange._sweeper = sweeper
                     await self.app(scope, exchange.receive, exchange.send)
                 except BaseException as exc:
                     exchange._exit_async(type(exc), exc)
@@ -198,7 +228,11 @@ class DeadlineMiddleware:
                 raise  # the response is half out: let the server drop the connection
             await exchange._answer_timeout(found, limits_, budget)
         finally:
-            exchange._disarm()
+            exchange._active = False
+            if exchange._sweeper is not None:
+                exchange._sweeper._pending.pop(exchange, None)
+            if exchange._pump is not None or exchange._cancels:
+                exchange._stop_watching()
             if _events._observers:
                 if exchange.caller_left is not None:
                     outcome = "caller_left"
@@ -338,7 +372,7 @@ class _Exchange(deadline_scope):
     _host: asyncio.Task[Any] | None = None
     _deferred = False  # the deadline's timer waits for the sweeper
     _loop: asyncio.AbstractEventLoop | None = None
-    _sweeper: _Sweeper | None = None
+    _sweeper: _Sweeper | _TrioSweeper | None = None  # registered with, until the end
     _cancels = 0
     _active = True
     _may_read_ahead = True
@@ -404,40 +438,15 @@ class _Exchange(deadline_scope):
     # Watching for the caller leaving.
 
     def _register(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
-        """Register with the sweeper, which arms the deadline and starts the watcher when due.
+        """Without a running asyncio loop or trio: fail as a `deadlines.scope` would.
 
-        Most requests end within `watch_after`: they never arm a timer at all. A
-        deadline that could pass before the sweeper comes round is armed now.
+        (Under asyncio the middleware registers with the sweeper inline; `_TrioExchange`
+        registers with trio's.)
         """
-        host = None if loop is None else _loop.current_task(loop)
-        if loop is None or host is None:
-            self._arm(loop, host)  # fails as the scope would: no loop, no task
-            return
-        self._host = host
-        self._loop = loop
-        if expect_continue:
-            # The server answers "100 Continue" on the first receive(): read ahead only
-            # after the app asked for the body itself.
-            self._may_read_ahead = False
-        mw = self._mw
-        assert self._frame is not None
-        if self._frame.at <= self._started_at + mw._arm_within:
-            self._arm(loop, host)
-        else:
-            self._deferred = True
-        sweeper = mw._sweeper
-        if sweeper is None or sweeper._loop is not loop:
-            sweeper = mw._sweeper_for(loop)
-        # `_Sweeper.add`, inline: it runs for every request.
-        sweeper._pending[self] = self._started_at
-        if sweeper._handle is None:
-            sweeper._wake()
-        self._sweeper = sweeper
+        self._arm(loop, None if loop is None else _loop.current_task(loop))
 
-    def _disarm(self) -> None:
-        self._active = False
-        if self._sweeper is not None:
-            self._sweeper._pending.pop(self, None)  # `discard`, inline
+    def _stop_watching(self) -> None:
+        """The request ended while watched: stop the watcher, take back our cancellations."""
         if self._pump is not None and not self._pump.done():
             self._pump.cancel()
         if self._cancels:
@@ -622,7 +631,7 @@ class _TrioExchange(_Exchange):
     wait on trio Events where the asyncio exchange uses futures.
     """
 
-    __slots__ = ("_arrived", "_gone", "_space", "_trio", "_trio_sweeper")
+    __slots__ = ("_arrived", "_gone", "_space", "_trio")
 
     def __init__(
         self, mw: DeadlineMiddleware, receive: Receive, send: Send, started_at: float, trio: Any
@@ -632,7 +641,6 @@ class _TrioExchange(_Exchange):
         self._gone: Any = None  # the CancelScope around the app (the deadline's)
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
-        self._trio_sweeper: _TrioSweeper | None = None
 
     def _register(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
         """Register with the trio sweeper, then arm the deadline at once (a trio CancelScope).
@@ -643,16 +651,13 @@ class _TrioExchange(_Exchange):
         """
         # With "Expect: 100-continue", read ahead only after the app asked.
         self._may_read_ahead = not expect_continue
-        self._trio_sweeper = self._mw._trio_sweeper_for(self._trio)
-        self._trio_sweeper.add(self)
+        self._sweeper = self._mw._trio_sweeper_for(self._trio)
+        self._sweeper.add(self)
         self._arm(None, None)
         assert self._canceller is not None
         self._gone = self._canceller._trio
 
-    def _disarm(self) -> None:
-        self._active = False
-        if self._trio_sweeper is not None:
-            self._trio_sweeper.discard(self)
+    def _stop_watching(self) -> None:
         if self._pump is not None:
             self._pump.cancel()
 
@@ -704,7 +709,7 @@ class _TrioSweeper:
     def __init__(self, trio: Any, after: float) -> None:
         self._trio = trio
         self._after = after
-        self._pending: dict[_TrioExchange, float] = {}  # insertion order = arrival order
+        self._pending: dict[_Exchange, float] = {}  # insertion order = arrival order
         self._idle: Any = None  # the Event the task waits on while nothing is pending
         trio.lowlevel.spawn_system_task(self._run, name="deadlines-asgi-sweeper")
 
@@ -713,9 +718,6 @@ class _TrioSweeper:
         idle, self._idle = self._idle, None
         if idle is not None:
             idle.set()
-
-    def discard(self, exchange: _TrioExchange) -> None:
-        self._pending.pop(exchange, None)
 
     async def _run(self) -> None:
         trio, pending = self._trio, self._pending
