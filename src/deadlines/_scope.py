@@ -159,13 +159,11 @@ class scope:
 
         For an integration on its hot path (the ASGI middleware's exchange, a subclass,
         once per request): the budget is already valid, the start is the request's
-        arrival, `__init__` did not run (every slot is set here), and the timer is armed
-        later with `_arm`, if at all. Left with `_exit_async`, as usual. Returns the
-        clock instant of the deadline in force (an outer one may be earlier).
+        arrival, and the timer is armed later with `_arm`, if at all. Left with
+        `_exit_async`, as usual. `__init__` did not run: the slots the exit reads are
+        set here, those only `_enter` reads are not (an opened scope is never entered).
+        Returns the clock instant of the deadline in force (an outer one may be earlier).
         """
-        self._budget = budget
-        self._deadline = None
-        self._entered = True
         self._timeout = None
         self._canceller = None
         frame = _frame.get()
