@@ -64,6 +64,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 _log = logging.getLogger("deadlines.asgi")
 _JSON_HEADERS = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
 _ROUTE_CACHE_SIZE = 1024
+_PLAIN_CACHE_SIZE = 1024
 _OUR_HEADER = wire.HEADER.encode()
 _MAX_MS_DIGITS = 12  # as `wire.parse_ms`: longer is garbage, not a budget
 _NO_WAITERS: list[Any] = []  # shared empty list: never appended to
@@ -115,6 +116,7 @@ class DeadlineMiddleware:
         # The names `_scan` picks out: ours (or its stand-in), the others `wire` reads.
         others = (wire.GRPC_HEADER, wire.ENVOY_HEADER)
         self._known = frozenset({self._header_bytes, b"expect", *(n.encode() for n in others)})
+        self._plain: dict[bytes, float] = {}  # values of our header parsed (`_remember`)
         self._read_ahead = read_ahead
         self._watch_after = _validate.seconds(watch_after, "watch_after")
         # A deadline that could pass before the sweeper comes round is armed on arrival
@@ -311,10 +313,27 @@ class DeadlineMiddleware:
             return None, False
         if found is None:  # the common case: one plain value of our header
             name, value = first
-            if name == self._header_bytes and len(value) <= _MAX_MS_DIGITS and value.isdigit():
-                return int(value) / 1000.0, False
+            if name == self._header_bytes:
+                seconds = self._plain.get(value)
+                if seconds is not None:
+                    return seconds, False
+                if len(value) <= _MAX_MS_DIGITS and value.isdigit():
+                    return self._remember(value), False
             found = [first]
         return self._parse(found)
+
+    def _remember(self, value: bytes) -> float:
+        """Seconds of a plain value of our header, kept for the next request carrying it.
+
+        Callers send the same values over and over (a client's fixed timeout, the
+        millisecond counts a chain of hops has left): a dict lookup costs a fraction of
+        parsing the digits. At most `_PLAIN_CACHE_SIZE` values are kept.
+        """
+        seconds = int(value) / 1000.0
+        if len(self._plain) >= _PLAIN_CACHE_SIZE:
+            self._plain.clear()
+        self._plain[value] = seconds
+        return seconds
 
     def _parse(self, found: list[tuple[bytes, bytes]]) -> tuple[float | None, bool]:
         """`_scan`'s reading of the known headers it found, in order.

@@ -34,3 +34,24 @@ def test_scan_matches_wire_header_budget(pairs: list[tuple[str, bytes]], header:
     assert found == wire.header_budget(renamed(ours, header.encode()))
     expects = [value for name, value in headers if name == b"expect"]
     assert expect == (bool(expects) and expects[-1].lower() == b"100-continue")
+
+
+@given(values=st.lists(st.one_of(VALUES.map(str.encode), RAW), max_size=20))
+def test_scan_remembers_plain_values_and_reads_them_alike(values: list[bytes]) -> None:
+    """A value seen before (parsed from the cache) gives what wire gives, every time."""
+    mw = DeadlineMiddleware(_app, default=1, maximum=2)
+    header = wire.HEADER.encode()
+    for value in values + values:
+        found, _ = mw._scan({"headers": [(b"host", b"x"), (header, value)]})
+        assert found == wire.header_budget([(header, value)])
+
+
+def test_scan_cache_stays_bounded() -> None:
+    """Distinct values, as from an attacker, never grow the cache past its bound."""
+    mw = DeadlineMiddleware(_app, default=1, maximum=2)
+    header = wire.HEADER.encode()
+    for ms in range(3000):
+        found, _ = mw._scan({"headers": [(header, str(ms).encode())]})
+        assert found == ms / 1000
+        assert len(mw._plain) <= 1024
+    assert mw._plain  # it does remember
