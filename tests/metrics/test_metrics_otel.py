@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -456,14 +456,7 @@ def test_calls_ending_on_many_threads_are_in_every_collection() -> None:
                     client.get("/").raise_for_status()
                     ended[i] += 1
 
-            collector = threading.Thread(target=collect)
-            collector.start()
-            try:
-                with ThreadPoolExecutor(threads) as pool:
-                    list(pool.map(work, range(threads)))
-            finally:
-                done.set()
-                collector.join(timeout=30)
+            _race(work, threads, collect, done)
         total = threads * per_thread
         assert (
             _histogram(reader, "deadlines.outbound.duration", dependency="api", outcome="ok").count
@@ -512,14 +505,7 @@ def test_calls_ending_on_many_threads_at_full_speed_are_never_missed() -> None:
             ended[i] += 1
 
     with otel.install(meters) as telemetry:
-        collector = threading.Thread(target=collect)
-        collector.start()
-        try:
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(work, range(threads)))
-        finally:
-            done.set()
-            collector.join(timeout=30)
+        _race(work, threads, collect, done)
         point = _histogram(reader, "deadlines.outbound.pool_wait", dependency="db")
         after = _histogram(reader, "deadlines.outbound.in_flight", dependency="db").value
     meters.shutdown()
@@ -529,3 +515,17 @@ def test_calls_ending_on_many_threads_at_full_speed_are_never_missed() -> None:
     assert longest[0] <= otel._HELD_MAX + 2 * threads
     assert point.count == threads * per_thread
     assert point.sum == pytest.approx(0.001 * threads * per_thread)
+
+
+def _race(
+    work: Callable[[int], None], threads: int, collect: Callable[[], None], done: threading.Event
+) -> None:
+    """`work(0..threads-1)` on a pool while `collect` runs on a thread of its own until done."""
+    collector = threading.Thread(target=collect)
+    collector.start()
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(work, range(threads)))
+    finally:
+        done.set()
+        collector.join(timeout=30)
