@@ -116,7 +116,12 @@ def measure(kind: str, path: str, args: tuple[str, ...], requests: int) -> dict[
         finally:
             server.terminate()
             server.wait(60)
-        totals = _totals(out)
+        # The dump asked for holds the counted requests (``callgrind.out.1``); the file
+        # written at exit, only what ran after it.
+        dumps = sorted(Path(tmp).glob("callgrind.out.*"))
+        if len(dumps) != 1:
+            raise RuntimeError(f"expected one callgrind dump, found {dumps}")
+        totals = _totals(dumps[0])
     misses_l1 = totals["I1mr"] + totals["D1mr"] + totals["D1mw"]
     misses_ll = totals["ILmr"] + totals["DLmr"] + totals["DLmw"]
     return {
