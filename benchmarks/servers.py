@@ -153,7 +153,7 @@ def starlette_app(
     return Starlette(routes=[Route("/", home)], middleware=middleware)
 
 
-def fastapi_app(*, with_deadlines: bool) -> Any:
+def fastapi_app(*, with_deadlines: bool, watch_after: float | None = None) -> Any:
     """``GET /items/{item_id}?q=`` → a validated pydantic model as JSON, as real routes do."""
     from fastapi import FastAPI
     from pydantic import BaseModel
@@ -169,7 +169,8 @@ def fastapi_app(*, with_deadlines: bool) -> Any:
     if with_deadlines:
         from deadlines.asgi import DeadlineMiddleware
 
-        app.add_middleware(DeadlineMiddleware, default=2.0, maximum=10.0)
+        options: dict[str, Any] = {} if watch_after is None else {"watch_after": watch_after}
+        app.add_middleware(DeadlineMiddleware, default=2.0, maximum=10.0, **options)
 
     # response_model, not the return annotation: this module's annotations are strings
     # and `Item` is local, out of FastAPI's reach.
@@ -208,7 +209,7 @@ def main() -> None:
     elif args.kind == "silent":
         asyncio.run(_serve_protocol(_Silent))
     elif args.kind == "fastapi":
-        _serve_uvicorn(fastapi_app(with_deadlines=args.deadlines))
+        _serve_uvicorn(fastapi_app(with_deadlines=args.deadlines, watch_after=args.watch_after))
     else:
         _serve_uvicorn(
             starlette_app(
