@@ -46,6 +46,11 @@ class _Frame:
         # the scope's `DeadlineExceeded` can say which dependency and phase it stopped.
         self.cut: Cut | None = None
 
+    def remaining(self) -> float:
+        """Seconds left before the deadline, never negative (`Deadline.remaining`)."""
+        left = self.at - _clock.now()
+        return left if left > 0.0 else 0.0
+
     @property
     def deadline(self) -> Deadline:
         """The deadline as a `Deadline` (the one the scope was given, if it was)."""
@@ -79,10 +84,7 @@ def current() -> Deadline | None:
 def remaining() -> float:
     """Seconds left before the current deadline (never negative); `math.inf` without one."""
     frame = _frame.get()
-    if frame is None:
-        return math.inf
-    left = frame.at - _clock.now()
-    return left if left > 0.0 else 0.0
+    return math.inf if frame is None else frame.remaining()
 
 
 def check() -> None:
@@ -239,9 +241,7 @@ class scope:
         assert self._frame is not None
         # What remains, not the frame's start: the binding frame may be an outer one
         # entered long ago (a sync scope arms no timer of its own).
-        left = self._frame.at - _clock.now()
-        if left < 0.0:
-            left = 0.0
+        left = self._frame.remaining()
         if loop is not None:  # the common case, inline
             timeout = _alarms.Timeout(loop.time() + left)
             timeout.enter(loop, task)
@@ -254,8 +254,7 @@ class scope:
         when this scope's own cancellation ended the block."""
         timeout = self._timeout
         if timeout is None and self._canceller is None:  # never armed: most ASGI requests
-            _frame.reset(self._token)  # type: ignore[arg-type]  # entered: a token
-            self._token = None
+            self._exit()
             return
         try:
             if timeout is not None:
