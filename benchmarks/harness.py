@@ -225,6 +225,50 @@ def rss_mb(pid: int | None = None) -> float:
     raise RuntimeError("no VmRSS in /proc status")
 
 
+def _fixed_work() -> int:
+    total = 0
+    for i in range(100_000):
+        total += i * i
+    return total
+
+
+def steadiness(seconds: float = 1.0) -> dict[str, Any]:
+    """How steady the machine's CPUs are right now: a fixed piece of work, timed over and over.
+
+    On each CPU in turn (this process pinned to it) for `seconds`: the 10th, 50th and
+    90th percentile of the work's CPU time in ms, and ``spread``, the largest p90/p10 over
+    the CPUs. On a quiet machine the spread is a few per cent; when neighbours on the
+    host contend for the cores or their caches it reaches 1.5 and more, and ratios of
+    a few per cent between A and B cannot be read from that run. Also the time the
+    hypervisor stole from this VM so far (``steal_s``, all CPUs, from /proc/stat).
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    per_core: dict[int, list[float]] = {}
+    try:
+        for core in cores:
+            os.sched_setaffinity(0, {core})
+            times: list[float] = []
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                started = time.process_time()
+                _fixed_work()
+                times.append((time.process_time() - started) * 1000)
+            per_core[core] = [quantile(times, q) for q in (0.1, 0.5, 0.9)]
+    finally:
+        os.sched_setaffinity(0, cores)
+    return {
+        "work_ms_p10_p50_p90": {str(c): [round(v, 3) for v in qs] for c, qs in per_core.items()},
+        "spread": round(max(qs[2] / qs[0] for qs in per_core.values()), 3),
+        "steal_s": steal_seconds(),
+    }
+
+
+def steal_seconds() -> float:
+    """CPU time the hypervisor has stolen from this machine since boot, all CPUs (Linux)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK") if len(fields) > 8 else 0.0
+
+
 class Child:
     """A helper process (``python benchmarks/SCRIPT ARGS``) that prints ``READY {json}``.
 

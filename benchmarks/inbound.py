@@ -73,7 +73,8 @@ def run(quick: bool) -> list[Comparison]:
     A third server runs the middleware with its caller-left watcher held off
     (``watch_after=60``: every request arms its timer on entry), to show what the watcher
     and the deferred timer save or cost under load; a fourth the floor, a middleware that
-    only sets a context variable and watches `send`.
+    only sets a context variable and watches `send`; a fifth is a second bare server, the
+    control: its ratio to the first (A/A) shows how far this run can tell servers apart.
     """
     rounds, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
     with (
@@ -81,10 +82,11 @@ def run(quick: bool) -> list[Comparison]:
         Child("servers.py", "starlette", "--deadlines") as ours,
         Child("servers.py", "starlette", "--deadlines", "--watch-after", "60") as unwatched,
         Child("servers.py", "starlette", "--floor") as floor,
+        Child("servers.py", "starlette") as twin,
         Child("loadgen.py") as loadgen,
     ):
-        servers = [bare, ours, unwatched, floor]
-        a, b, c, d = _rotate(loadgen, servers, rounds, seconds, warmup, "/")
+        servers = [bare, ours, unwatched, floor, twin]
+        a, b, c, d, e = _rotate(loadgen, servers, rounds, seconds, warmup, "/")
     rows = _rows(a, b, ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound")
     # Ablations, not goals: the watcher (and the timer it arms) held off for 60 s; and
     # the floor, the least any middleware giving handlers a deadline does.
@@ -96,6 +98,8 @@ def run(quick: bool) -> list[Comparison]:
     )
     floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
     ablation += _rows(a, d, floor_labels, "inbound floor")
+    control = _rows(a, e, ("Starlette under uvicorn", "the same, a second server"), "inbound A/A")
+    ablation += [row for row in control if row.metric in ("requests/s", "CPU µs per req")]
     for row in ablation:
         row.goal = "report"
         row.passed = None

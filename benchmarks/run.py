@@ -19,6 +19,10 @@ noise hits both; the table gives medians (p50), p99, the B/A ratio (median of th
 per-round ratios) and its interquartile range. Servers and load generators run in
 their own processes. Results depend on the machine: benchmarks/README.md records one
 full run. ``--quick`` is a smoke test (about a minute) whose figures mean little.
+
+Before and after the suites, `harness.steadiness` times a fixed piece of work on each
+CPU: its spread (p90/p10) says whether the machine was quiet enough for ratios of a few
+per cent to mean anything (the inbound suite's A/A row says the same from its side).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Row, table
+from harness import Row, steadiness, table
 
 SUITES = ("outbound", "inbound", "precision", "cascade", "memory")
 _PACKAGES = ("deadlines", "httpx", "httpcore", "aiohttp", "uvicorn", "starlette", "h11", "anyio")
@@ -91,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     chosen = args.only or list(SUITES)
     info = machine()
+    info["steadiness_before"] = before = steadiness()
     rows: list[Row] = []
     timings: dict[str, float] = {}
     for name in chosen:
@@ -100,10 +105,16 @@ def main(argv: list[str] | None = None) -> int:
         timings[name] = round(time.monotonic() - started, 1)
         print(f"[bench] {name} done in {timings[name]} s", file=sys.stderr, flush=True)
     info["load_average_after"] = [round(x, 2) for x in os.getloadavg()]
+    info["steadiness_after"] = after = steadiness()
     print(
         f"{info['when']}: {info['cpus']} CPUs, Python {info['python']},"
         f" load average {info['load_average']} before, {info['load_average_after']} after"
         f"{' (quick: smoke test only)' if args.quick else ''}"
+    )
+    print(
+        f"steadiness (fixed work, p90/p10 per CPU; quiet is about 1.05): {before['spread']}"
+        f" before, {after['spread']} after; {after['steal_s'] - before['steal_s']:.1f} s"
+        " stolen by the hypervisor during the run"
     )
     print(table(rows))
     if args.json:

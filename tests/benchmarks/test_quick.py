@@ -26,6 +26,12 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
     data = json.loads(out.read_text())
     assert data["quick"] is True
     assert data["machine"]["cpus"] and data["machine"]["versions"]["httpx"]
+    for when in ("steadiness_before", "steadiness_after"):
+        steadiness = data["machine"][when]
+        assert steadiness["spread"] >= 1.0
+        for p10, p50, p90 in steadiness["work_ms_p10_p50_p90"].values():
+            assert 0 < p10 <= p50 <= p90
+    assert "inbound A/A: throughput" in [row["name"] for row in data["rows"]]
     names = [row["name"] for row in data["rows"]]
     for prefix in PREFIXES:
         assert any(name.startswith(prefix) for name in names), f"no {prefix!r} row in {names}"
@@ -38,4 +44,5 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
             assert row["value"]["n"] > 0
             assert math.isfinite(row["value"]["max"]) and row["bound"] > 0
     assert "comparison" in proc.stdout
+    assert "steadiness (fixed work" in proc.stdout
     assert "bounded figure" in proc.stdout
