@@ -8,13 +8,43 @@ subscribed, reporting an event costs one truthiness check.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from dataclasses import MISSING, dataclass, fields
+from typing import Any, Literal, TypeAlias, TypeVar
+
+_T = TypeVar("_T")
+
+
+def _writes_slots(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an ``__init__`` that writes its slots directly.
+
+    The ``__init__`` dataclass writes for a frozen class goes through
+    ``object.__setattr__`` once per field, several times the cost of writing the slot,
+    and events are built on every call while anybody listens. Instances stay frozen:
+    assigning to a field afterwards still raises `dataclasses.FrozenInstanceError`.
+    """
+    namespace: dict[str, Any] = {}
+    params, lines = [], []
+    for field in fields(cls):  # type: ignore[arg-type]
+        name = field.name
+        namespace[f"_set_{name}"] = getattr(cls, name).__set__
+        if field.default is MISSING:
+            params.append(name)
+        else:
+            namespace[f"_default_{name}"] = field.default
+            params.append(f"{name}=_default_{name}")
+        lines.append(f"    _set_{name}(self, {name})")
+    exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(lines), namespace)
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
+
 
 CallOutcome = Literal["ok", "timeout", "deadline", "budget_exhausted", "cancelled", "error"]
 RequestOutcome = Literal["ok", "deadline", "caller_left", "budget_exhausted", "error"]
 
 
+@_writes_slots
 @dataclass(frozen=True, slots=True)
 class CallStarted:
     """An outbound call to `dependency` began with `budget` seconds left (inf: no deadline)."""
@@ -23,6 +53,7 @@ class CallStarted:
     budget: float
 
 
+@_writes_slots
 @dataclass(frozen=True, slots=True)
 class CallFinished:
     """An outbound call ended. `phase` is where a failure happened, `pool_wait` in seconds.
@@ -44,6 +75,7 @@ class CallFinished:
     started: bool = True
 
 
+@_writes_slots
 @dataclass(frozen=True, slots=True)
 class RequestStarted:
     """An inbound request on `route` arrived with `budget` seconds to answer."""
@@ -52,6 +84,7 @@ class RequestStarted:
     budget: float
 
 
+@_writes_slots
 @dataclass(frozen=True, slots=True)
 class RequestFinished:
     """An inbound request ended with `outcome` after `duration` seconds."""
@@ -62,6 +95,7 @@ class RequestFinished:
     budget: float
 
 
+@_writes_slots
 @dataclass(frozen=True, slots=True)
 class JobDropped:
     """A queued job was found expired (by `late` seconds) and dropped before running."""
