@@ -26,12 +26,20 @@ def running(admin: psycopg.Connection[tuple[object, ...]], name: str) -> list[st
 
 
 def wait_running(
-    admin: psycopg.Connection[tuple[object, ...]], name: str, *, within: float = 3.0
+    admin: psycopg.Connection[tuple[object, ...]],
+    name: str,
+    *,
+    statement: str = "pg_sleep(",
+    within: float = 3.0,
 ) -> None:
-    """Block until a backend named `name` is running a statement."""
+    """Block until a backend named `name` is running a statement containing `statement`.
+
+    Not just any statement: a transaction's BEGIN and SET LOCAL run first, and a test
+    that acts on seeing them acts before the block it means to interrupt has begun.
+    """
     end = time.monotonic() + within
-    while not running(admin, name):
-        assert time.monotonic() < end, "the statement never started"
+    while not any(statement in query for query in running(admin, name)):
+        assert time.monotonic() < end, f"no statement with {statement!r} started"
         time.sleep(0.01)
 
 
@@ -40,13 +48,16 @@ class Proxy:
 
     `freeze()` makes it accept new connections and never answer them (a silent
     listener): a cancel request sent through it hangs, while connections opened
-    before keep forwarding.
+    before keep forwarding. `stall()` also stops those: what they send from then on
+    is dropped (counted in `dropped`), so the statement sent next is never answered.
     """
 
     def __init__(self, target: tuple[str, int] = (HOST, PORT)) -> None:
         self.target = target
         self.frozen = False
+        self.stalled = False
         self.held = 0
+        self.dropped = 0
         self.port = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
@@ -61,6 +72,9 @@ class Proxy:
 
     def freeze(self) -> None:
         self.frozen = True
+
+    def stall(self) -> None:
+        self.frozen = self.stalled = True
 
     def dsn(self, app: str) -> str:
         return f"host=127.0.0.1 port={self.port} user={USER} dbname={DB} application_name={app}"
@@ -97,6 +111,9 @@ class Proxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
+                if self.stalled:
+                    self.dropped += len(data)
+                    continue
                 writer.write(data)
                 await writer.drain()
         finally:
