@@ -46,6 +46,7 @@ from .postgres import (
     POSTGRES,
     Finding,
     Limits,
+    Overrun,
     acquire_within,
     budget_error,
     expired,
@@ -142,6 +143,9 @@ async def _abegin(
     check_interval: float | timedelta | None,
     grace: float,
 ) -> Limits:
+    # psycopg answers a cancelled statement by waiting up to 5 s for its cancel request:
+    # watched, as the body is, so that a cancel request that hangs costs ~2 x `grace`.
+    watch = Overrun(budget.end, grace)
     try:
         if conn.autocommit:
             await conn.execute("BEGIN")
@@ -149,8 +153,10 @@ async def _abegin(
         budget.request_sent = True
         await conn.execute(limits.sql())  # without autocommit, psycopg sends BEGIN first
     except BaseException:
+        watch.disarm()
         await _arollback(conn, grace)
         raise
+    watch.disarm()
     return limits
 
 

@@ -181,6 +181,36 @@ async def test_async_cancel_path_is_bounded_when_the_cancel_request_hangs(
 
 
 @pytest.mark.anyio
+async def test_async_cancel_during_begin_is_bounded_when_the_cancel_request_hangs(
+    proxy: Proxy, app_name: str
+) -> None:
+    """A caller cancelled while BEGIN and SET LOCAL are unanswered is let go after about
+    `cleanup` too: psycopg would hold it 5 s for a cancel request that hangs."""
+    apool = await make_apool(proxy.dsn(app_name), app_name, size=1)
+    try:
+        proxy.stall()  # the pool's connection is open; nothing sent on it is answered
+
+        async def handler() -> None:
+            async with deadlines.scope(10.0), transaction(apool, cleanup=0.2) as conn:
+                await conn.execute("SELECT 1")
+
+        task = asyncio.create_task(handler())
+        end = time.monotonic() + 3
+        while not proxy.dropped and time.monotonic() < end:  # BEGIN and SET LOCAL sent
+            await asyncio.sleep(0.01)
+        assert proxy.dropped
+        await asyncio.sleep(0.05)
+        start = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - start <= 2 * 0.2 + 0.5
+        assert proxy.held >= 1  # psycopg did try to send a cancel request
+    finally:
+        await apool.close(timeout=1)
+
+
+@pytest.mark.anyio
 async def test_async_audit(apool: Any) -> None:
     """The async audit finds the unlimited statement_timeout of this server."""
     async with apool.connection() as conn:
