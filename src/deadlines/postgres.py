@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -34,6 +35,8 @@ from ._dependency import Dependency
 from ._errors import BudgetExhausted, DeadlineExceeded, HeadersTimeout, TotalTimeout
 
 T = TypeVar("T")
+
+_log = logging.getLogger("deadlines.postgres")
 
 #: The default policy for a Postgres dependency: 1 s pool wait, 10 s per statement.
 POSTGRES = Dependency("postgres", connect=2.0, headers=10.0, total=30.0, pool_wait=1.0)
@@ -369,8 +372,8 @@ async def within(
 
     Runs in its own task, bounded by itself: a second cancellation of the caller stops
     the caller's wait at once, never the cleanup (which still ends within `seconds`).
-    Errors of `work` count as not finished; they must not replace the error that the
-    caller is handling.
+    Errors of `work` count as not finished, and errors of `give_up` are logged (debug):
+    neither may replace the error that the caller is handling.
     """
 
     async def bounded() -> bool:
@@ -387,9 +390,12 @@ async def within(
             inner.add_done_callback(_consume)
         elif not inner.cancelled() and inner.exception() is None:
             return True
-        result = give_up()  # timed out or failed: the connection's state is unknown
-        if result is not None:
-            await result
+        try:  # timed out or failed: the connection's state is unknown
+            result = give_up()
+            if result is not None:
+                await result
+        except Exception:  # e.g. asyncpg's: the failed release already gave it back
+            _log.debug("giving up the connection failed", exc_info=True)
         return False
 
     task = keep(asyncio.ensure_future(bounded()))

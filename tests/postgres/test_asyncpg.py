@@ -262,6 +262,35 @@ async def test_cancel_path_is_bounded_when_the_cancel_request_hangs(
         pool.terminate()
 
 
+async def test_cancel_during_begin_is_bounded_when_the_cancel_request_hangs(
+    proxy: Proxy, app_name: str
+) -> None:
+    """A caller cancelled while BEGIN is unanswered is let go within about `cleanup`,
+    and the pool stays usable."""
+    pool = await make_pool(app_name, port=proxy.port, size=1, min_size=1)
+    try:
+        proxy.stall()  # the pool's connection is open; nothing sent on it is answered
+
+        async def handler() -> None:
+            async with deadlines.scope(10.0), transaction(pool, cleanup=0.2) as conn:
+                await conn.execute("SELECT 1")
+
+        task = asyncio.create_task(handler())
+        end = time.monotonic() + 3
+        while not proxy.dropped and time.monotonic() < end:  # BEGIN sent
+            await asyncio.sleep(0.01)
+        assert proxy.dropped
+        await asyncio.sleep(0.05)
+        start = time.monotonic()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert time.monotonic() - start <= 0.2 + 0.4
+        assert all_free(pool)
+    finally:
+        pool.terminate()
+
+
 async def test_plain_asyncpg_hangs_when_the_cancel_request_hangs(
     proxy: Proxy, admin: Admin, app_name: str
 ) -> None:
