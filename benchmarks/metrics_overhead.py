@@ -16,7 +16,10 @@ hits both. Two kinds of call:
 Samples are mean microseconds of CPU time per call of this process (the client and the
 exporters; the loopback server runs in a process of its own) over a batch of calls.
 CPU time, not wall time, because the exporters' cost is CPU work and because wall time
-swings by a factor of three when other processes load the machine.
+swings by a factor of three when other processes load the machine. The real calls' ratio
+is the median of B/A over neighbouring batches (A and B alternate batch by batch), with
+its interquartile range, as in `run.py`'s suites; the steadiness of the machine
+(`harness.steadiness`) is printed before and after.
 
 `deadlines.otel` holds an outbound call's metrics back and applies them in bulk (every
 64 queued items, and at every collection). Each setup yields a `settle` function that
@@ -39,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import Comparison, Summary, alternate, table
+from harness import Comparison, Summary, alternate, steadiness, table
 
 import deadlines
 from deadlines import CallBudget, Dependency
@@ -238,13 +241,20 @@ def httpx_calls(
         a=Summary.of(a),
         b=Summary.of(b),
         goal="ratio <= 1.05",
-        notes={"paired_ratio_p50": _paired(a, b)},
+        # The ratio is the median over neighbouring batches, as in the other suites: the
+        # machine's drift between a batch and the next is far smaller than across a row.
+        rounds=_pairs(a, b),
     )
 
 
+def _pairs(a: list[float], b: list[float]) -> list[float]:
+    """B/A of neighbouring batches: slow drift of the machine cancels out."""
+    return [y / x for x, y in zip(a, b, strict=True) if x > 0]
+
+
 def _paired(a: list[float], b: list[float]) -> float:
-    """Median of B/A over neighbouring batches: slow drift of the machine cancels out."""
-    return statistics.median(y / x for x, y in zip(a, b, strict=True) if x > 0)
+    """Median of `_pairs`."""
+    return statistics.median(_pairs(a, b))
 
 
 def run(quick: bool) -> list[Comparison]:
@@ -290,19 +300,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="few repetitions (smoke test)")
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args(argv)
+    before = steadiness()
     rows = run(args.quick)
+    after = steadiness()
     print(table(rows))
     print()
+    print(
+        f"steadiness (fixed work, p90/p10 per CPU; quiet is about 1.05): {before['spread']}"
+        f" before, {after['spread']} after"
+    )
     for r in rows:
-        paired = r.notes.get("paired_ratio_p50", float("nan"))
+        if r.rounds:  # the ratio is already the median over neighbouring batches
+            low, high = r.ratio_spread
+            how = f"ratio {r.ratio:.3f}, IQR {low:.3f}-{high:.3f}"
+        else:
+            how = f"ratio {r.ratio:.3f}, paired batches {r.notes['paired_ratio_p50']:.3f}"
         derived = r.notes.get("event_path_ratio")
         tail = "" if derived is None else f", event path over this call {derived:.3f}"
-        print(
-            f"{r.name:<34} adds {r.b.p50 - r.a.p50:7.2f} CPU µs per call"
-            f" (ratio {r.ratio:.3f}, paired batches {paired:.3f}{tail})"
-        )
+        print(f"{r.name:<34} adds {r.b.p50 - r.a.p50:7.2f} CPU µs per call ({how}{tail})")
     if args.json:
-        payload = {"quick": args.quick, "rows": [r.to_json() for r in rows]}
+        payload = {
+            "quick": args.quick,
+            "steadiness": {"before": before, "after": after},
+            "rows": [r.to_json() for r in rows],
+        }
         args.json.write_text(json.dumps(payload, indent=2))
     return 0
 

@@ -30,10 +30,18 @@ def test_quick_overhead_run_reports_every_row(tmp_path: Path) -> None:
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    data = json.loads(out.read_text())
+    rows = data["rows"]
+    assert data["steadiness"]["before"]["spread"] >= 1.0
+    assert data["steadiness"]["after"]["spread"] >= 1.0
     names = [row["name"] for row in rows]
     assert "event path: prometheus" in names and "event path: all three" in names
     for row in rows:
         assert row["a"]["n"] > 0 and row["b"]["n"] > 0
         assert math.isfinite(row["ratio"]) and row["ratio"] > 0
     assert "CPU µs per call" in proc.stdout
+    assert "steadiness (fixed work" in proc.stdout
+    httpx_rows = [row for row in rows if row["name"].startswith("httpx GET")]
+    assert httpx_rows
+    for row in httpx_rows:  # paired: one ratio per neighbouring pair of batches
+        assert len(row["rounds"]) == row["a"]["n"] == row["b"]["n"]
