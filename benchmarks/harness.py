@@ -237,9 +237,11 @@ def steadiness(seconds: float = 1.0) -> dict[str, Any]:
 
     On each CPU in turn (this process pinned to it) for `seconds`: the 10th, 50th and
     90th percentile of the work's CPU time in ms, and ``spread``, the largest p90/p10 over
-    the CPUs. On a quiet machine the spread is a few per cent; when neighbours on the
-    host contend for the cores or their caches it reaches 1.5 and more, and ratios of
-    a few per cent between A and B cannot be read from that run. Also the time the
+    the CPUs. The work is the same every time, so on CPUs nobody else contends for the
+    spread stays near 1. When neighbours on the host contend for the cores or their
+    caches it grows (on the development VM it read 1.15-1.87 over one evening, and at
+    1.7 the inbound suite's A/A row, two identical servers, read 0.95-1.06): ratios of
+    a few per cent between A and B cannot be read from such a run. Also the time the
     hypervisor stole from this VM so far (``steal_s``, all CPUs, from /proc/stat).
     """
     cores = sorted(os.sched_getaffinity(0))

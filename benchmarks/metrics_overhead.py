@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     print()
     print(
-        f"steadiness (fixed work, p90/p10 per CPU; quiet is about 1.05): {before['spread']}"
+        f"steadiness (fixed work, p90/p10 per CPU; 1.0 is perfectly steady): {before['spread']}"
         f" before, {after['spread']} after"
     )
     for r in rows:

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{' (quick: smoke test only)' if args.quick else ''}"
     )
     print(
-        f"steadiness (fixed work, p90/p10 per CPU; quiet is about 1.05): {before['spread']}"
+        f"steadiness (fixed work, p90/p10 per CPU; 1.0 is perfectly steady): {before['spread']}"
         f" before, {after['spread']} after; {after['steal_s'] - before['steal_s']:.1f} s"
         " stolen by the hypervisor during the run"
     )
