@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import threading
 import time
+from typing import Any
 
 import psycopg
+import pytest
 
 HOST, PORT, USER, DB = "127.0.0.1", 5432, "postgres", "test"
 DSN = f"host={HOST} port={PORT} user={USER} dbname={DB}"
@@ -43,6 +45,15 @@ def wait_running(
         time.sleep(0.01)
 
 
+async def cancelled_after(task: asyncio.Task[Any]) -> float:
+    """Cancel `task`, check that it ends cancelled, and return the seconds that took."""
+    start = time.monotonic()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return time.monotonic() - start
+
+
 class Proxy:
     """A TCP proxy on loopback in front of Postgres, in its own thread.
 
@@ -75,6 +86,14 @@ class Proxy:
 
     def stall(self) -> None:
         self.frozen = self.stalled = True
+
+    async def wait_dropped(self) -> None:
+        """Wait until a stalled proxy has dropped what the client sent next."""
+        end = time.monotonic() + 3
+        while not self.dropped and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        assert self.dropped, "nothing was sent through the stalled proxy"
+        await asyncio.sleep(0.05)  # the client is now waiting for the answer
 
     def dsn(self, app: str) -> str:
         return f"host=127.0.0.1 port={self.port} user={USER} dbname={DB} application_name={app}"
