@@ -1,5 +1,7 @@
 """Inbound overhead: a bare Starlette app against the same app with `DeadlineMiddleware`.
 
+    python benchmarks/inbound.py [--rounds 64] [--json PATH]   # alone: the goal rows only
+
 Both apps run under uvicorn, each in its own process, started once; the load generator
 (benchmarks/loadgen.py, a third process) drives one of them at a time with N keep-alive
 connections on loopback, alternating A and B round by round so machine drift hits both.
@@ -10,12 +12,17 @@ Per round: throughput, each request's latency, and the server's CPU time per req
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import json
 import os
 import statistics
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from harness import Child, Comparison, Summary, cpu_seconds, verdict_ratio
+from harness import Child, Comparison, Summary, cpu_seconds, steadiness, table, verdict_ratio
 
 CONNECTIONS = 32
 
@@ -67,43 +74,47 @@ def _round(loadgen: Child, server: Child, seconds: float, warmup: float, path: s
     )
 
 
-def run(quick: bool) -> list[Comparison]:
+def run(quick: bool, *, rounds: int | None = None, ablations: bool = True) -> list[Comparison]:
     """Throughput, latency and server CPU, bare vs middleware, in alternating rounds.
 
-    A third server runs the middleware with its caller-left watcher held off
-    (``watch_after=60``: every request arms its timer on entry), to show what the watcher
-    and the deferred timer save or cost under load; a fourth the floor, a middleware that
-    only sets a context variable and watches `send`; a fifth is a second bare server, the
-    control: its ratio to the first (A/A) shows how far this run can tell servers apart.
+    A second bare server is the control: its ratio to the first (A/A) shows how far
+    this run can tell servers apart. With `ablations`, two more: the middleware with its
+    caller-left watcher held off (``watch_after=60``: every request arms its timer on
+    entry), to show what the watcher and the deferred timer save or cost under load; and
+    the floor, a middleware that only sets a context variable and watches `send`.
+    `rounds` overrides the number of rounds (16; 3 when `quick`).
     """
-    rounds, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
-    with (
-        Child("servers.py", "starlette") as bare,
-        Child("servers.py", "starlette", "--deadlines") as ours,
-        Child("servers.py", "starlette", "--deadlines", "--watch-after", "60") as unwatched,
-        Child("servers.py", "starlette", "--floor") as floor,
-        Child("servers.py", "starlette") as twin,
-        Child("loadgen.py") as loadgen,
-    ):
-        servers = [bare, ours, unwatched, floor, twin]
-        a, b, c, d, e = _rotate(loadgen, servers, rounds, seconds, warmup, "/")
-    rows = _rows(a, b, ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound")
-    # Ablations, not goals: the watcher (and the timer it arms) held off for 60 s; and
-    # the floor, the least any middleware giving handlers a deadline does.
-    ablation = _rows(
-        a,
-        c,
-        ("Starlette under uvicorn", "Starlette + DeadlineMiddleware(watch_after=60)"),
-        "inbound, no watcher",
+    default, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
+    rounds = rounds or default
+    configs: dict[str, tuple[str, ...]] = {"bare": (), "ours": ("--deadlines",), "twin": ()}
+    if ablations:
+        configs["unwatched"] = ("--deadlines", "--watch-after", "60")
+        configs["floor"] = ("--floor",)
+    with contextlib.ExitStack() as stack:
+        servers = [
+            stack.enter_context(Child("servers.py", "starlette", *a)) for a in configs.values()
+        ]
+        loadgen = stack.enter_context(Child("loadgen.py"))
+        seen = dict(
+            zip(configs, _rotate(loadgen, servers, rounds, seconds, warmup, "/"), strict=True)
+        )
+    bare = seen["bare"]
+    rows = _rows(
+        bare, seen["ours"], ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound"
     )
-    floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
-    ablation += _rows(a, d, floor_labels, "inbound floor")
-    control = _rows(a, e, ("Starlette under uvicorn", "the same, a second server"), "inbound A/A")
-    ablation += [row for row in control if row.metric in ("requests/s", "CPU µs per req")]
-    for row in ablation:
+    control = _rows(
+        bare, seen["twin"], ("Starlette under uvicorn", "the same, a second server"), "inbound A/A"
+    )
+    reports = [row for row in control if row.metric in ("requests/s", "CPU µs per req")]
+    if ablations:  # not goals: what the watcher saves, and the least any middleware costs
+        unwatched = ("Starlette under uvicorn", "Starlette + DeadlineMiddleware(watch_after=60)")
+        reports += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
+        floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
+        reports += _rows(bare, seen["floor"], floor_labels, "inbound floor")
+    for row in reports:
         row.goal = "report"
         row.passed = None
-    return rows + ablation + _fastapi(rounds, seconds, warmup)
+    return rows + reports + _fastapi(rounds, seconds, warmup)
 
 
 def _rotate(
@@ -198,3 +209,27 @@ def _p99(values: list[float]) -> float:
     from harness import quantile
 
     return quantile(values, 0.99)
+
+
+def main() -> int:
+    """The goal comparisons alone, with as many rounds as a noisy machine needs."""
+    parser = argparse.ArgumentParser(description="Inbound overhead with many rounds.")
+    parser.add_argument("--rounds", type=int, default=64, help="rounds per comparison")
+    parser.add_argument("--json", type=Path, help="write the figures to this file")
+    args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    before = steadiness()
+    rows = run(False, rounds=args.rounds, ablations=False)
+    after = steadiness()
+    print(f"{args.rounds} rounds; steadiness {before['spread']} before, {after['spread']} after")
+    print(table(rows))
+    if args.json:
+        steady = {"before": before, "after": after}
+        payload = {"rounds": args.rounds, "steadiness": steady, "rows": [r.to_json() for r in rows]}
+        args.json.write_text(json.dumps(payload, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
