@@ -102,10 +102,7 @@ def run(quick: bool, *, rounds: int | None = None, ablations: bool = True) -> li
     rows = _rows(
         bare, seen["ours"], ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound"
     )
-    control = _rows(
-        bare, seen["twin"], ("Starlette under uvicorn", "the same, a second server"), "inbound A/A"
-    )
-    reports = [row for row in control if row.metric in ("requests/s", "CPU µs per req")]
+    reports = _control(bare, seen["twin"], "Starlette", "inbound A/A")
     if ablations:  # not goals: what the watcher saves, and the least any middleware costs
         unwatched = ("Starlette under uvicorn", "Starlette + DeadlineMiddleware(watch_after=60)")
         reports += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
@@ -135,15 +132,30 @@ FASTAPI_PATH = "/items/42?q=x"
 
 
 def _fastapi(rounds: int, seconds: float, warmup: float) -> list[Comparison]:
-    """The same comparison on a typical route: FastAPI, a path parameter, a pydantic model."""
+    """The same comparison on a typical route: FastAPI, a path parameter, a pydantic model.
+
+    With its own A/A control, a second bare FastAPI server.
+    """
     with (
         Child("servers.py", "fastapi") as bare,
         Child("servers.py", "fastapi", "--deadlines") as ours,
+        Child("servers.py", "fastapi") as twin,
         Child("loadgen.py") as loadgen,
     ):
-        a, b = _rotate(loadgen, [bare, ours], rounds, seconds, warmup, FASTAPI_PATH)
+        a, b, c = _rotate(loadgen, [bare, ours, twin], rounds, seconds, warmup, FASTAPI_PATH)
     labels = ("FastAPI JSON route under uvicorn", "FastAPI + DeadlineMiddleware")
-    return _rows(a, b, labels, "inbound, FastAPI route")
+    control = _control(a, c, "FastAPI JSON route", "inbound, FastAPI A/A")
+    return _rows(a, b, labels, "inbound, FastAPI route") + control
+
+
+def _control(a: list[Round], twin: list[Round], label: str, prefix: str) -> list[Comparison]:
+    """The A/A rows: throughput and CPU of a second, identical bare server (reports)."""
+    rows = _rows(a, twin, (f"{label} under uvicorn", "the same, a second server"), prefix)
+    kept = [row for row in rows if row.metric in ("requests/s", "CPU µs per req")]
+    for row in kept:
+        row.goal = "report"
+        row.passed = None
+    return kept
 
 
 def _rows(a: list[Round], b: list[Round], labels: tuple[str, str], prefix: str) -> list[Comparison]:
