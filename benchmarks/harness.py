@@ -265,6 +265,15 @@ def steadiness(seconds: float = 1.0) -> dict[str, Any]:
     }
 
 
+def steadiness_line(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """One line for the report: the spread of two `steadiness` readings and the steal between."""
+    return (
+        f"steadiness (fixed work, p90/p10 per CPU; 1.0 is perfectly steady): {before['spread']}"
+        f" before, {after['spread']} after; {after['steal_s'] - before['steal_s']:.1f} s"
+        " stolen by the hypervisor in between"
+    )
+
+
 def steal_seconds() -> float:
     """CPU time the hypervisor has stolen from this machine since boot, all CPUs (Linux)."""
     fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()

@@ -22,7 +22,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import Child, Comparison, Summary, cpu_seconds, steadiness, table, verdict_ratio
+from harness import (
+    Child,
+    Comparison,
+    Summary,
+    cpu_seconds,
+    steadiness,
+    steadiness_line,
+    table,
+    verdict_ratio,
+)
 
 CONNECTIONS = 32
 
@@ -234,7 +243,7 @@ def main() -> int:
     before = steadiness()
     rows = run(False, rounds=args.rounds, ablations=False)
     after = steadiness()
-    print(f"{args.rounds} rounds; steadiness {before['spread']} before, {after['spread']} after")
+    print(f"{args.rounds} rounds; {steadiness_line(before, after)}")
     print(table(rows))
     if args.json:
         steady = {"before": before, "after": after}

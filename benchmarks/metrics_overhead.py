@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import Comparison, Summary, alternate, steadiness, table
+from harness import Comparison, Summary, alternate, steadiness, steadiness_line, table
 
 import deadlines
 from deadlines import CallBudget, Dependency
@@ -305,10 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     after = steadiness()
     print(table(rows))
     print()
-    print(
-        f"steadiness (fixed work, p90/p10 per CPU; 1.0 is perfectly steady): {before['spread']}"
-        f" before, {after['spread']} after"
-    )
+    print(steadiness_line(before, after))
     for r in rows:
         if r.rounds:  # the ratio is already the median over neighbouring batches
             low, high = r.ratio_spread

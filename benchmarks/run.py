@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Row, steadiness, table
+from harness import Row, steadiness, steadiness_line, table
 
 SUITES = ("outbound", "inbound", "precision", "cascade", "memory")
 _PACKAGES = ("deadlines", "httpx", "httpcore", "aiohttp", "uvicorn", "starlette", "h11", "anyio")
@@ -111,11 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         f" load average {info['load_average']} before, {info['load_average_after']} after"
         f"{' (quick: smoke test only)' if args.quick else ''}"
     )
-    print(
-        f"steadiness (fixed work, p90/p10 per CPU; 1.0 is perfectly steady): {before['spread']}"
-        f" before, {after['spread']} after; {after['steal_s'] - before['steal_s']:.1f} s"
-        " stolen by the hypervisor during the run"
-    )
+    print(steadiness_line(before, after))
     print(table(rows))
     if args.json:
         payload = {
