@@ -111,16 +111,17 @@ def run(quick: bool, *, rounds: int | None = None, ablations: bool = True) -> li
     rows = _rows(
         bare, seen["ours"], ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound"
     )
-    reports = _control(bare, seen["twin"], "Starlette", "inbound A/A")
+    control = _control(bare, seen["twin"], "Starlette", "inbound A/A")
+    ablation: list[Comparison] = []
     if ablations:  # not goals: what the watcher saves, and the least any middleware costs
         unwatched = ("Starlette under uvicorn", "Starlette + DeadlineMiddleware(watch_after=60)")
-        reports += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
+        ablation += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
         floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
-        reports += _rows(bare, seen["floor"], floor_labels, "inbound floor")
-    for row in reports:
+        ablation += _rows(bare, seen["floor"], floor_labels, "inbound floor")
+    for row in ablation:
         row.goal = "report"
         row.passed = None
-    return rows + reports + _fastapi(rounds, seconds, warmup)
+    return rows + control + ablation + _fastapi(rounds, seconds, warmup)
 
 
 def _rotate(
