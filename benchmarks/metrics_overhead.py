@@ -11,7 +11,9 @@ hits both. Two kinds of call:
   possible call, so the ratio is the worst case and the difference is the exporters'
   absolute cost per call in microseconds;
 * a real `deadlines.httpx` GET to a keep-alive server on loopback (when that module is
-  present), where the goal is a ratio of at most 1.05.
+  present), where the goal is a ratio of at most 1.05. Each of these rows comes with
+  an A/A control: the call with no exporter run a second time in the same rotation,
+  whose distance from 1.00 is what the run cannot resolve.
 
 Samples are mean microseconds of CPU time per call of this process (the client and the
 exporters; the loopback server runs in a process of its own) over a batch of calls.
@@ -42,7 +44,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from harness import Comparison, Summary, alternate, steadiness, steadiness_line, table
+from harness import (
+    Comparison,
+    Summary,
+    alternate,
+    steadiness,
+    steadiness_line,
+    table,
+    verdict_ratio,
+)
 
 import deadlines
 from deadlines import CallBudget, Dependency
@@ -190,16 +200,21 @@ def event_path(name: str, setup: Setup, *, rounds: int, batches: int, calls: int
 
 def httpx_calls(
     name: str, setup: Setup, *, rounds: int, batches: int, calls: int
-) -> Comparison | None:
-    """Real deadlines.httpx GETs on loopback: no exporter (A) vs `setup`'s (B)."""
+) -> list[Comparison]:
+    """Real deadlines.httpx GETs on loopback: no exporter (A) vs `setup`'s (B).
+
+    A third side runs the calls with no exporter again (A'), in the same rotation: the
+    A/A row's distance from 1.00 is what this run cannot resolve. Empty when
+    `deadlines.httpx` cannot be imported.
+    """
     try:
         import deadlines.httpx as dhttpx
         import deadlines.lab.servers  # the server process needs it
     except ImportError as exc:
         print(f"[bench] skipping httpx calls: {exc}", file=sys.stderr)
-        return None
+        return []
 
-    async def main() -> tuple[list[float], list[float]]:
+    async def main() -> list[list[float]]:
         with _server_process() as url:
             async with dhttpx.AsyncClient(DEP, base_url=url) as client:
 
@@ -221,19 +236,15 @@ def httpx_calls(
                         return figures
 
                 await side(setup)  # warm up: connections, imports, caches
-                a: list[float] = []
-                b: list[float] = []
-                for i in range(rounds):  # A then B, B then A, ...: drift hits both
-                    if i % 2 == 0:
-                        a += await side(_off)
-                        b += await side(setup)
-                    else:
-                        b += await side(setup)
-                        a += await side(_off)
-                return a, b
+                setups = [_off, setup, _off]
+                seen: list[list[float]] = [[], [], []]
+                for i in range(rounds):  # each side goes first in turn: drift hits all
+                    for k in ((i + j) % 3 for j in range(3)):
+                        seen[k] += await side(setups[k])
+                return seen
 
-    a, b = asyncio.run(main())
-    return Comparison(
+    a, b, twin = asyncio.run(main())
+    row = Comparison(
         name=f"httpx GET on loopback: {name}",
         metric="CPU µs per call",
         a_label="deadlines.httpx, no exporter",
@@ -245,6 +256,17 @@ def httpx_calls(
         # machine's drift between a batch and the next is far smaller than across a row.
         rounds=_pairs(a, b),
     )
+    control = Comparison(
+        name=f"httpx GET on loopback: A/A ({name} run)",
+        metric="CPU µs per call",
+        a_label="deadlines.httpx, no exporter",
+        b_label="the same, again",
+        a=Summary.of(a),
+        b=Summary.of(twin),
+        goal="report",
+        rounds=_pairs(a, twin),
+    )
+    return [verdict_ratio(row, at_most=1.05), control]
 
 
 def _pairs(a: list[float], b: list[float]) -> list[float]:
@@ -284,13 +306,14 @@ def run(quick: bool) -> list[Comparison]:
     http_rounds, http_batches, http_calls = (2, 1, 20) if quick else (100, 1, 40)
     added = {r.name.removeprefix("event path: "): r.b.p50 - r.a.p50 for r in rows}
     for name, setup in [("prometheus", _prometheus), ("otel", _otel), ("all three", _all)]:
-        row = httpx_calls(name, setup, rounds=http_rounds, batches=http_batches, calls=http_calls)
-        if row is None:
+        found = httpx_calls(name, setup, rounds=http_rounds, batches=http_batches, calls=http_calls)
+        if not found:
             break
+        row = found[0]
         # The exporters' exact cost (the event path) over the call's: the same ratio
         # without the call's own noise, which is larger than what is measured.
         row.notes["event_path_ratio"] = 1 + added[name] / row.a.p50
-        rows.append(row)
+        rows += found
     return rows
 
 
