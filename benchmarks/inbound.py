@@ -1,6 +1,6 @@
 """Inbound overhead: a bare Starlette app against the same app with `DeadlineMiddleware`.
 
-    python benchmarks/inbound.py [--rounds 64] [--json PATH]   # alone: the goal rows only
+    python benchmarks/inbound.py [--rounds 64] [--epochs 4] [--json PATH]   # the goal rows only
 
 Both apps run under uvicorn, each in its own process, started once; the load generator
 (benchmarks/loadgen.py, a third process) drives one of them at a time with N keep-alive
@@ -83,7 +83,9 @@ def _round(loadgen: Child, server: Child, seconds: float, warmup: float, path: s
     )
 
 
-def run(quick: bool, *, rounds: int | None = None, ablations: bool = True) -> list[Comparison]:
+def run(
+    quick: bool, *, rounds: int | None = None, ablations: bool = True, epochs: int = 1
+) -> list[Comparison]:
     """Throughput, latency and server CPU, bare vs middleware, in alternating rounds.
 
     A second bare server is the control: its ratio to the first (A/A) shows how far
@@ -91,7 +93,10 @@ def run(quick: bool, *, rounds: int | None = None, ablations: bool = True) -> li
     caller-left watcher held off (``watch_after=60``: every request arms its timer on
     entry), to show what the watcher and the deferred timer save or cost under load; and
     the floor, a middleware that only sets a context variable and watches `send`.
-    `rounds` overrides the number of rounds (16; 3 when `quick`).
+    `rounds` overrides the number of rounds (16; 3 when `quick`). With `epochs` > 1 the
+    rounds are split into that many parts, each with freshly started servers: one
+    process can run a few per cent faster or slower than an identical one for its
+    whole life (memory layout, hash seeds), and fresh processes average that out.
     """
     default, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
     rounds = rounds or default
@@ -99,14 +104,8 @@ def run(quick: bool, *, rounds: int | None = None, ablations: bool = True) -> li
     if ablations:
         configs["unwatched"] = ("--deadlines", "--watch-after", "60")
         configs["floor"] = ("--floor",)
-    with contextlib.ExitStack() as stack:
-        servers = [
-            stack.enter_context(Child("servers.py", "starlette", *a)) for a in configs.values()
-        ]
-        loadgen = stack.enter_context(Child("loadgen.py"))
-        seen = dict(
-            zip(configs, _rotate(loadgen, servers, rounds, seconds, warmup, "/"), strict=True)
-        )
+    runs = [("starlette", *a) for a in configs.values()]
+    seen = dict(zip(configs, _epochs(runs, rounds, epochs, seconds, warmup, "/"), strict=True))
     bare = seen["bare"]
     rows = _rows(
         bare, seen["ours"], ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound"
@@ -121,7 +120,30 @@ def run(quick: bool, *, rounds: int | None = None, ablations: bool = True) -> li
     for row in ablation:
         row.goal = "report"
         row.passed = None
-    return rows + control + ablation + _fastapi(rounds, seconds, warmup)
+    return rows + control + ablation + _fastapi(rounds, epochs, seconds, warmup)
+
+
+def _epochs(
+    runs: list[tuple[str, ...]],
+    rounds: int,
+    epochs: int,
+    seconds: float,
+    warmup: float,
+    path: str,
+) -> list[list[Round]]:
+    """Each server's rounds over `epochs` lives: per epoch, fresh servers and generator."""
+    results: list[list[Round]] = [[] for _ in runs]
+    epochs = max(1, min(epochs, rounds))
+    for epoch in range(epochs):
+        share = rounds // epochs + (1 if epoch < rounds % epochs else 0)
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(Child("servers.py", *argv)) for argv in runs]
+            loadgen = stack.enter_context(Child("loadgen.py"))
+            for mine, more in zip(
+                results, _rotate(loadgen, servers, share, seconds, warmup, path), strict=True
+            ):
+                mine += more
+    return results
 
 
 def _rotate(
@@ -141,18 +163,13 @@ def _rotate(
 FASTAPI_PATH = "/items/42?q=x"
 
 
-def _fastapi(rounds: int, seconds: float, warmup: float) -> list[Comparison]:
+def _fastapi(rounds: int, epochs: int, seconds: float, warmup: float) -> list[Comparison]:
     """The same comparison on a typical route: FastAPI, a path parameter, a pydantic model.
 
     With its own A/A control, a second bare FastAPI server.
     """
-    with (
-        Child("servers.py", "fastapi") as bare,
-        Child("servers.py", "fastapi", "--deadlines") as ours,
-        Child("servers.py", "fastapi") as twin,
-        Child("loadgen.py") as loadgen,
-    ):
-        a, b, c = _rotate(loadgen, [bare, ours, twin], rounds, seconds, warmup, FASTAPI_PATH)
+    runs = [("fastapi",), ("fastapi", "--deadlines"), ("fastapi",)]
+    a, b, c = _epochs(runs, rounds, epochs, seconds, warmup, FASTAPI_PATH)
     labels = ("FastAPI JSON route under uvicorn", "FastAPI + DeadlineMiddleware")
     control = _control(a, c, "FastAPI JSON route", "inbound, FastAPI A/A")
     return _rows(a, b, labels, "inbound, FastAPI route") + control
@@ -237,18 +254,28 @@ def main() -> int:
     """The goal comparisons alone, with as many rounds as a noisy machine needs."""
     parser = argparse.ArgumentParser(description="Inbound overhead with many rounds.")
     parser.add_argument("--rounds", type=int, default=64, help="rounds per comparison")
+    parser.add_argument(
+        "--epochs", type=int, default=4, help="fresh server processes this many times"
+    )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
+    if not 1 <= args.epochs <= args.rounds:
+        parser.error("--epochs must be between 1 and --rounds")
     before = steadiness()
-    rows = run(False, rounds=args.rounds, ablations=False)
+    rows = run(False, rounds=args.rounds, ablations=False, epochs=args.epochs)
     after = steadiness()
-    print(f"{args.rounds} rounds; {steadiness_line(before, after)}")
+    print(f"{args.rounds} rounds in {args.epochs} epochs; {steadiness_line(before, after)}")
     print(table(rows))
     if args.json:
         steady = {"before": before, "after": after}
-        payload = {"rounds": args.rounds, "steadiness": steady, "rows": [r.to_json() for r in rows]}
+        payload = {
+            "rounds": args.rounds,
+            "epochs": args.epochs,
+            "steadiness": steady,
+            "rows": [r.to_json() for r in rows],
+        }
         args.json.write_text(json.dumps(payload, indent=2))
     return 0
 
