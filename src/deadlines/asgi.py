@@ -124,7 +124,7 @@ class DeadlineMiddleware:
         self._arm_within = 2 * self._watch_after
         # The app's routes, if it has them itself; else each request's ``scope["app"]``.
         self._routed = app if _routes_of(app) is not None else None
-        self._routes_app: object = None  # the app `_routes` was filled for
+        self._routes_app: object = self._routed  # the app `_routes` is for (fixed if routed)
         self._routes: dict[tuple[str, str], _Route] = {}
         self._sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
             weakref.WeakKeyDictionary()
@@ -270,16 +270,18 @@ class DeadlineMiddleware:
         The cache holds one app's routes: it is refilled if requests come from another
         (a middleware instance serves one app, in practice).
         """
-        app = self._routed
-        if app is None:
+        if self._routed is None:  # else the app is fixed, and with it the cache
             app = scope.get("app")
-        if app is not self._routes_app:
-            self._routes_app = app
-            self._routes = {}
-        key = (scope.get("method", "GET"), scope.get("path", "/"))
+            if app is not self._routes_app:
+                self._routes_app = app
+                self._routes = {}
+        try:
+            key = (scope["method"], scope["path"])  # both required in an http scope
+        except KeyError:
+            key = (scope.get("method", "GET"), scope.get("path", "/"))
         found = self._routes.get(key)
         if found is None:
-            found = self._resolve(app, scope, *key)
+            found = self._resolve(self._routes_app, scope, *key)
             if len(self._routes) >= _ROUTE_CACHE_SIZE:
                 self._routes.clear()
             self._routes[key] = found
