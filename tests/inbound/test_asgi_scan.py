@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -55,3 +56,54 @@ def test_scan_cache_stays_bounded() -> None:
         assert found == ms / 1000
         assert len(mw._plain) <= 1024
     assert mw._plain  # it does remember
+
+
+OURS = wire.HEADER.encode()
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        # The dict path: no name repeated, ours the only known one (or none at all).
+        ([(b"host", b"x"), (b"accept", b"*/*")], (None, False)),
+        ([(b"host", b"x"), (OURS, b"1500")], (1.5, False)),
+        ([(OURS, b"1500, 900")], (0.9, False)),  # a list: wire reads it
+        ([(OURS, b"soon")], (None, False)),
+        # Repeated names: a repeated other name, then ours repeated (each value counts).
+        ([(b"cookie", b"a"), (b"cookie", b"b")], (None, False)),
+        ([(b"cookie", b"a"), (OURS, b"1500"), (b"cookie", b"b")], (1.5, False)),
+        ([(OURS, b"1500"), (b"host", b"x"), (OURS, b"700")], (0.7, False)),
+        ([(OURS, b"700"), (OURS, b"soon")], (0.7, False)),
+        # Another known name with ours, or alone.
+        ([(OURS, b"1500"), (b"grpc-timeout", b"800m")], (0.8, False)),
+        ([(b"grpc-timeout", b"800m"), (OURS, b"600")], (0.6, False)),
+        ([(b"x-envoy-expected-rq-timeout-ms", b"300")], (0.3, False)),
+        ([(b"expect", b"100-Continue"), (OURS, b"1500")], (1.5, True)),
+        ([(b"expect", b"100-continue")], (None, True)),
+        ([(b"expect", b"100-continue"), (b"expect", b"other")], (None, False)),
+    ],
+)
+def test_scan_paths(
+    headers: list[tuple[bytes, bytes]], expected: tuple[float | None, bool]
+) -> None:
+    """Each side of the dict path's boundaries reads the headers as the general loop does."""
+    mw = DeadlineMiddleware(_app, default=1, maximum=2)
+    assert mw._scan({"headers": headers}) == expected
+    assert mw._scan({"headers": headers}) == expected  # again, from the cache if kept
+
+
+@pytest.mark.parametrize(
+    "scope",
+    [
+        {},
+        {"headers": None},
+        {"headers": iter([(b"host", b"x"), (OURS, b"1500")])},
+        {"headers": [(b"host", b"x", b"extra"), (OURS, b"1500")]},
+        {"headers": [[b"host", b"x"], [OURS, b"1500"]]},
+    ],
+)
+def test_scan_odd_headers(scope: dict[str, object]) -> None:
+    """No headers, an iterator, lists as pairs, a malformed unknown pair: the loop decides."""
+    mw = DeadlineMiddleware(_app, default=1, maximum=2)
+    expected = 1.5 if scope.get("headers") else None
+    assert mw._scan(scope) == (expected, False)
