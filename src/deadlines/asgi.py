@@ -40,7 +40,7 @@ import logging
 import threading
 import weakref
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any
 
@@ -116,7 +116,6 @@ class DeadlineMiddleware:
         # The names `_scan` picks out: ours (or its stand-in), the others `wire` reads.
         others = (wire.GRPC_HEADER, wire.ENVOY_HEADER)
         self._known = frozenset({self._header_bytes, b"expect", *(n.encode() for n in others)})
-        self._others = self._known - {self._header_bytes}  # without them: `_scan`'s dict path
         self._plain: dict[bytes, float] = {}  # values of our header parsed (`_remember`)
         self._read_ahead = read_ahead
         self._watch_after = _validate.seconds(watch_after, "watch_after")
@@ -298,37 +297,31 @@ class DeadlineMiddleware:
     def _scan(self, scope: Scope) -> tuple[float | None, bool]:
         """The smallest valid deadline among the request's headers, and Expect: 100-continue.
 
-        ASGI header names are lower-case bytes. The common requests (no name repeated,
-        no known name but ours, if that) are read from a dict of the headers, built in C
-        rather than a Python loop over every header; the rest go through `_scan_all`.
+        ASGI header names are lower-case bytes. One set lookup per header picks out the
+        few names known here (every value of a repeated one counts); `_parse` reads them.
         """
-        try:
-            headers = scope["headers"]
-            count = len(headers)  # first: an iterator without a length is not used up here
-            names = dict(headers)
-        except (KeyError, TypeError, ValueError):  # not a list of pairs: the loop decides
-            return self._scan_all(scope.get("headers") or ())
-        if len(names) != count or not self._others.isdisjoint(names):
-            # A repeated name (each value of a known one counts) or a known one not ours.
-            if self._known.isdisjoint(names):
-                return None, False
-            return self._scan_all(headers)
-        value = names.get(self._header_bytes)
-        if value is None:
-            return None, False
-        seconds = self._plain.get(value)
-        if seconds is not None:
-            return seconds, False
-        if len(value) <= _MAX_MS_DIGITS and value.isdigit():
-            return self._remember(value), False
-        return self._parse([(self._header_bytes, value)])
-
-    def _scan_all(self, headers: Iterable[tuple[bytes, bytes]]) -> tuple[float | None, bool]:
-        """`_scan`'s general path: one set lookup per header picks out the known names."""
         known = self._known
-        found = [pair for pair in headers if pair[0] in known]
-        if not found:
+        first: tuple[bytes, bytes] | None = None
+        found: list[tuple[bytes, bytes]] | None = None
+        for pair in scope.get("headers") or ():
+            if pair[0] in known:
+                if first is None:
+                    first = pair
+                elif found is None:
+                    found = [first, pair]
+                else:
+                    found.append(pair)
+        if first is None:
             return None, False
+        if found is None:  # the common case: one plain value of our header
+            name, value = first
+            if name == self._header_bytes:
+                seconds = self._plain.get(value)
+                if seconds is not None:
+                    return seconds, False
+                if len(value) <= _MAX_MS_DIGITS and value.isdigit():
+                    return self._remember(value), False
+            found = [first]
         return self._parse(found)
 
     def _remember(self, value: bytes) -> float:

@@ -64,7 +64,7 @@ OURS = wire.HEADER.encode()
 @pytest.mark.parametrize(
     ("headers", "expected"),
     [
-        # The dict path: no name repeated, ours the only known one (or none at all).
+        # No name repeated, ours the only known one (or none at all).
         ([(b"host", b"x"), (b"accept", b"*/*")], (None, False)),
         ([(b"host", b"x"), (OURS, b"1500")], (1.5, False)),
         ([(OURS, b"1500, 900")], (0.9, False)),  # a list: wire reads it
@@ -83,10 +83,10 @@ OURS = wire.HEADER.encode()
         ([(b"expect", b"100-continue"), (b"expect", b"other")], (None, False)),
     ],
 )
-def test_scan_paths(
+def test_scan_examples(
     headers: list[tuple[bytes, bytes]], expected: tuple[float | None, bool]
 ) -> None:
-    """Each side of the dict path's boundaries reads the headers as the general loop does."""
+    """Repeated names, ours among other known ones or alone: read as wire reads them."""
     mw = DeadlineMiddleware(_app, default=1, maximum=2)
     assert mw._scan({"headers": headers}) == expected
     assert mw._scan({"headers": headers}) == expected  # again, from the cache if kept
@@ -103,7 +103,7 @@ def test_scan_paths(
     ],
 )
 def test_scan_odd_headers(scope: dict[str, object]) -> None:
-    """No headers, an iterator, lists as pairs, a malformed unknown pair: the loop decides."""
+    """No headers, an iterator, lists as pairs, a malformed unknown pair."""
     mw = DeadlineMiddleware(_app, default=1, maximum=2)
     expected = 1.5 if scope.get("headers") else None
     assert mw._scan(scope) == (expected, False)
