@@ -129,7 +129,7 @@ class DeadlineMiddleware:
         self._sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
             weakref.WeakKeyDictionary()
         )
-        self._sweeper: _Sweeper | None = None  # the last one asked for
+        self._sweeper: _Sweeper | None = None  # the last one asked for (loops with `_thread_id`)
         self._trio_sweepers: Any = None  # a trio RunVar, made by the first request under trio
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -153,9 +153,10 @@ class DeadlineMiddleware:
         if _events._observers:
             _events.emit(_events.RequestStarted(route, budget))
         # The running loop and its sweeper: the last sweeper's loop while that runs in
-        # this thread (`_loop.running`'s test, inline), else asked for.
+        # this thread (`_loop.running`'s test, inline; only a loop with a `_thread_id`
+        # is remembered, so it is read without getattr), else asked for.
         sweeper = self._sweeper
-        if sweeper is not None and getattr(sweeper._loop, "_thread_id", None) == _get_ident():
+        if sweeper is not None and sweeper._loop._thread_id == _get_ident():  # type: ignore[attr-defined]
             loop: asyncio.AbstractEventLoop | None = sweeper._loop
         else:
             loop = _loop.running()
@@ -251,7 +252,8 @@ class DeadlineMiddleware:
         sweeper = self._sweepers.get(loop)
         if sweeper is None:
             sweeper = self._sweepers[loop] = _Sweeper(loop, self._watch_after)
-        self._sweeper = sweeper
+        if hasattr(loop, "_thread_id"):  # asyncio's own loops; uvloop's are asked each time
+            self._sweeper = sweeper
         return sweeper
 
     def _trio_sweeper_for(self, trio: Any) -> _TrioSweeper:

@@ -10,8 +10,10 @@ process, so the handlers can look at their loop's deadline timers.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -86,3 +88,86 @@ def test_a_deadline_within_the_watch_window_is_armed_at_once() -> None:
         took = time.monotonic() - begin
     assert response.status_code == 504
     assert 0.09 <= took < 0.6
+
+
+class _LoopWithoutThreadId(asyncio.SelectorEventLoop):
+    """As uvloop's loop, it has no `_thread_id` to read (asyncio's own keeps it elsewhere)."""
+
+    _running_in: int | None = None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__("_running_in" if name == "_thread_id" else name, value)
+
+    def is_running(self) -> bool:
+        return self._running_in is not None
+
+
+def test_a_loop_without_a_thread_id_is_asked_for_each_request() -> None:
+    """Not remembered for the shortcut, which reads `_thread_id`; deadlines still apply."""
+    seen: list[deadlines.Deadline | None] = []
+    sent: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen.append(deadlines.current())
+        await asyncio.sleep(float(scope["query_string"]))
+
+    async def receive() -> Any:
+        await asyncio.sleep(10)
+        return {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    middleware = DeadlineMiddleware(app, default=0.1, maximum=1, reserve=0, watch_after=0.01)
+
+    async def main() -> None:
+        for wait in (b"0", b"0", b"5"):
+            scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
+            await middleware({**scope, "query_string": wait}, receive, send)
+
+    loop = _LoopWithoutThreadId()
+    assert not hasattr(loop, "_thread_id")
+    try:
+        begin = time.monotonic()
+        loop.run_until_complete(main())
+        took = time.monotonic() - begin
+    finally:
+        loop.close()
+    assert middleware._sweeper is None
+    assert len(seen) == 3 and None not in seen
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [504]
+    assert 0.09 <= took < 0.6
+
+
+def test_loops_in_two_threads_each_use_their_own_sweeper() -> None:
+    """One middleware, two threads running asyncio loops at once: the remembered sweeper is
+    used only by the thread whose loop it is, so every deadline fires on its own loop."""
+    middleware = DeadlineMiddleware(_slow, default=0.05, maximum=1, reserve=0, watch_after=0.01)
+    statuses: list[list[int]] = [[], []]
+
+    async def serve(mine: list[int]) -> None:
+        async def receive() -> Any:
+            await asyncio.sleep(10)
+            return {"type": "http.disconnect"}
+
+        async def send(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                mine.append(message["status"])
+
+        scope = {"type": "http", "method": "GET", "path": "/", "headers": []}
+        await asyncio.gather(*(middleware(dict(scope), receive, send) for _ in range(20)))
+        for _ in range(5):
+            await middleware(dict(scope), receive, send)
+
+    threads = [threading.Thread(target=asyncio.run, args=(serve(mine),)) for mine in statuses]
+    begin = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert time.monotonic() - begin < 2
+    assert statuses == [[504] * 25, [504] * 25]
+
+
+async def _slow(scope: Any, receive: Any, send: Any) -> None:
+    await asyncio.sleep(5)
