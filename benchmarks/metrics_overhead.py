@@ -11,9 +11,11 @@ hits both. Two kinds of call:
   possible call, so the ratio is the worst case and the difference is the exporters'
   absolute cost per call in microseconds;
 * a real `deadlines.httpx` GET to a keep-alive server on loopback (when that module is
-  present), where the goal is a ratio of at most 1.05. Each of these rows comes with
-  an A/A control: the call with no exporter run a second time in the same rotation,
-  whose distance from 1.00 is what the run cannot resolve.
+  present), where the goal is a ratio of at most 1.05 for each metrics backend
+  (Prometheus, OTel); both at once with the timeout log ("all three") is a report,
+  not a goal. Each of these rows comes with an A/A control: the call with no
+  exporter run a second time in the same rotation, whose distance from 1.00 is what
+  the run cannot resolve.
 
 Samples are mean microseconds of CPU time per call of this process (the client and the
 exporters; the loopback server runs in a process of its own) over a batch of calls.
@@ -154,6 +156,10 @@ def _server_process() -> Iterator[str]:
         proc.stdout.close()
 
 
+# The goal (metrics on vs off, at most 1.05x) is judged per metrics backend, as a service
+# installs one; "all three" (both backends and the timeout log at once) is reported.
+GOALS = ("prometheus", "otel")
+
 WARM = 20  # untimed calls after each install: first-use costs (children, storage) are not per call
 
 
@@ -266,7 +272,11 @@ def httpx_calls(
         goal="report",
         rounds=_pairs(a, twin),
     )
-    return [verdict_ratio(row, at_most=1.05), control]
+    if name in GOALS:
+        verdict_ratio(row, at_most=1.05)
+    else:
+        row.goal = "report"
+    return [row, control]
 
 
 def _pairs(a: list[float], b: list[float]) -> list[float]:
