@@ -84,7 +84,7 @@ def _round(loadgen: Child, server: Child, seconds: float, warmup: float, path: s
 
 
 def run(
-    quick: bool, *, rounds: int | None = None, ablations: bool = True, epochs: int = 1
+    quick: bool, *, rounds: int | None = None, ablations: bool = True, epochs: int | None = None
 ) -> list[Comparison]:
     """Throughput, latency and server CPU, bare vs middleware, in alternating rounds.
 
@@ -93,13 +93,14 @@ def run(
     caller-left watcher held off (``watch_after=60``: every request arms its timer on
     entry), to show what the watcher and the deferred timer save or cost under load; and
     the floor, a middleware that only sets a context variable and watches `send`.
-    `rounds` overrides the number of rounds (16; 3 when `quick`). With `epochs` > 1 the
-    rounds are split into that many parts, each with freshly started servers: one
+    `rounds` overrides the number of rounds (16; 3 when `quick`). The rounds are split
+    into `epochs` parts (2; 1 when `quick`), each with freshly started servers: one
     process can run a few per cent faster or slower than an identical one for its
     whole life (memory layout, hash seeds), and fresh processes average that out.
     """
     default, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
     rounds = rounds or default
+    epochs = epochs or (1 if quick else 2)
     configs: dict[str, tuple[str, ...]] = {"bare": (), "ours": ("--deadlines",), "twin": ()}
     if ablations:
         configs["unwatched"] = ("--deadlines", "--watch-after", "60")
