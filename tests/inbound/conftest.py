@@ -40,13 +40,19 @@ def _wait(predicate: Callable[[], bool], what: str, timeout: float = 10.0) -> No
 
 
 @contextlib.contextmanager
-def serve_uvicorn(app: Any, *, http: str = "auto") -> Iterator[str]:
-    """Serve an ASGI app with uvicorn in a thread; yields its base URL."""
+def serve_uvicorn(app: Any, *, http: str = "auto", loop: str = "asyncio") -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a thread; yields its base URL.
+
+    The loop is asyncio's unless asked: uvicorn's "auto" would pick uvloop whenever it is
+    installed (the dev extra has it), and the tests written for asyncio's loop would
+    silently stop covering it (test_asgi_uvloop.py asks for uvloop).
+    """
     import uvicorn
 
     sock = free_socket()
     config = uvicorn.Config(
         app,
+        loop=loop,
         http=http,
         ws="none",
         lifespan="off",
