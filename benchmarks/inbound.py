@@ -89,10 +89,11 @@ def run(
     """Throughput, latency and server CPU, bare vs middleware, in alternating rounds.
 
     A second bare server is the control: its ratio to the first (A/A) shows how far
-    this run can tell servers apart. With `ablations`, two more: the middleware with its
+    this run can tell servers apart. With `ablations`, reports: the middleware with its
     caller-left watcher held off (``watch_after=60``: every request arms its timer on
-    entry), to show what the watcher and the deferred timer save or cost under load; and
-    the floor, a middleware that only sets a context variable and watches `send`.
+    entry), to show what the watcher and the deferred timer save or cost under load;
+    the floor, a middleware that only sets a context variable and watches `send`; and
+    bare vs middleware on uvloop and httptools, as ``uvicorn[standard]`` serves.
     `rounds` overrides the number of rounds (16; 3 when `quick`). The rounds are split
     into `epochs` parts (2; 1 when `quick`), each with freshly started servers: one
     process can run a few per cent faster or slower than an identical one for its
@@ -118,10 +119,21 @@ def run(
         ablation += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
         floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
         ablation += _rows(bare, seen["floor"], floor_labels, "inbound floor")
+        ablation += _standard(rounds, epochs, seconds, warmup)
     for row in ablation:
         row.goal = "report"
         row.passed = None
     return rows + control + ablation + _fastapi(rounds, epochs, seconds, warmup)
+
+
+def _standard(rounds: int, epochs: int, seconds: float, warmup: float) -> list[Comparison]:
+    """The Starlette comparison under uvloop and httptools (``uvicorn[standard]``): a
+    cheaper bare request, so the same microseconds weigh more (throughput and CPU)."""
+    runs = [("starlette", "--standard"), ("starlette", "--standard", "--deadlines")]
+    a, b = _epochs(runs, rounds, epochs, seconds, warmup, "/")
+    labels = ("Starlette, uvloop + httptools", "the same + DeadlineMiddleware")
+    rows = _rows(a, b, labels, "inbound, uvicorn[standard]")
+    return [row for row in rows if row.metric in ("requests/s", "CPU µs per req")]
 
 
 def _epochs(

@@ -4,6 +4,7 @@
     python benchmarks/servers.py silent        # reads requests, never answers
     python benchmarks/servers.py starlette [--deadlines]   # uvicorn + a one-route app
     python benchmarks/servers.py fastapi [--deadlines]     # uvicorn + a FastAPI JSON route
+    python benchmarks/servers.py starlette --standard      # ... on uvloop and httptools
 
 Each prints ``READY {"port": N}`` once it listens on 127.0.0.1 and runs until SIGTERM
 (or until its parent is gone). `fast` and `silent` are bare asyncio protocols, far
@@ -181,12 +182,15 @@ def fastapi_app(*, with_deadlines: bool, watch_after: float | None = None) -> An
     return app
 
 
-def _serve_uvicorn(app: Any) -> None:
+def _serve_uvicorn(app: Any, *, standard: bool = False) -> None:
+    """Serve `app` with uvicorn: asyncio and h11, or with `standard` uvloop and httptools
+    (what ``uvicorn[standard]`` runs in production)."""
     import uvicorn
 
     sock = _listen()
+    loop, http = ("uvloop", "httptools") if standard else ("asyncio", "h11")
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", loop="asyncio"
+        app, log_level="warning", access_log=False, lifespan="off", loop=loop, http=http
     )
     server = uvicorn.Server(config)
     announce({"port": sock.getsockname()[1]})
@@ -202,6 +206,9 @@ def main() -> None:
     parser.add_argument(
         "--floor", action="store_true", help="a minimal context-variable + send middleware"
     )
+    parser.add_argument(
+        "--standard", action="store_true", help="uvloop and httptools, as uvicorn[standard]"
+    )
     args = parser.parse_args()
     exit_with_parent()
     if args.kind == "fast":
@@ -209,13 +216,13 @@ def main() -> None:
     elif args.kind == "silent":
         asyncio.run(_serve_protocol(_Silent))
     elif args.kind == "fastapi":
-        _serve_uvicorn(fastapi_app(with_deadlines=args.deadlines, watch_after=args.watch_after))
+        app = fastapi_app(with_deadlines=args.deadlines, watch_after=args.watch_after)
+        _serve_uvicorn(app, standard=args.standard)
     else:
-        _serve_uvicorn(
-            starlette_app(
-                with_deadlines=args.deadlines, watch_after=args.watch_after, floor=args.floor
-            )
+        app = starlette_app(
+            with_deadlines=args.deadlines, watch_after=args.watch_after, floor=args.floor
         )
+        _serve_uvicorn(app, standard=args.standard)
 
 
 if __name__ == "__main__":

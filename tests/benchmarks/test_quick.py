@@ -32,6 +32,7 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
         for p10, p50, p90 in steadiness["work_ms_p10_p50_p90"].values():
             assert 0 < p10 <= p50 <= p90
     assert "inbound A/A: throughput" in [row["name"] for row in data["rows"]]
+    assert "inbound, uvicorn[standard]: throughput" in [row["name"] for row in data["rows"]]
     names = [row["name"] for row in data["rows"]]
     for prefix in PREFIXES:
         assert any(name.startswith(prefix) for name in names), f"no {prefix!r} row in {names}"
