@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import pytest
@@ -9,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deadlines import wire
-from deadlines._inbound import Limits, RouteTable, budget, limits, limits_of
+from deadlines._inbound import Limits, RouteTable, budget, limits, limits_of, timeout_body
 
 VALUES = st.one_of(
     st.integers(min_value=-5, max_value=10**14).map(str),
@@ -66,3 +67,11 @@ def test_limits_validation_and_marks() -> None:
 
     assert limits_of(handler) == Limits(default=1, maximum=2)
     assert limits_of(lambda: None) is None
+
+
+def test_timeout_body_rounds_to_whole_milliseconds() -> None:
+    """A 60 ms header less a 50 ms reserve is 0.00999... s in floating point: 10 ms, not 9."""
+    body = json.loads(
+        timeout_body(limit="x-request-timeout-ms", budget=0.06 - 0.05, elapsed=0.0119)
+    )
+    assert (body["budget_ms"], body["elapsed_ms"]) == (10, 12)
