@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_quick_overhead_run_reports_every_row(tmp_path: Path) -> None:
-    """A quick run exits 0, prints the table and gives finite figures for each row."""
+    """A quick run exits 0, prints the table and gives finite figures for each row; each
+    backend's real-call row is judged, and every one has its A/A control."""
     out = tmp_path / "overhead.json"
     proc = subprocess.run(
         [
@@ -45,3 +46,14 @@ def test_quick_overhead_run_reports_every_row(tmp_path: Path) -> None:
     assert httpx_rows
     for row in httpx_rows:  # paired: one ratio per neighbouring pair of batches
         assert len(row["rounds"]) == row["a"]["n"] == row["b"]["n"]
+    by_name = {row["name"]: row for row in rows}
+    for exporter in ("prometheus", "otel", "all three"):
+        row = by_name[f"httpx GET on loopback: {exporter}"]
+        control = by_name[f"httpx GET on loopback: A/A ({exporter} run)"]
+        if exporter == "all three":  # both backends and the log at once: reported
+            assert row["goal"] == "report" and row["passed"] is None
+        else:  # the goal is judged per metrics backend
+            assert row["passed"] == (row["ratio"] <= 1.05)
+        # The control's sides are both calls without an exporter: the row's own A samples.
+        assert control["goal"] == "report" and control["passed"] is None
+        assert control["a"] == row["a"] and control["b"]["n"] == row["b"]["n"]
