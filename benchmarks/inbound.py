@@ -2,7 +2,8 @@
 
     python benchmarks/inbound.py [--rounds 64] [--epochs 4] [--json PATH]   # the goal rows only
 
-Both apps run under uvicorn, each in its own process, started once; the load generator
+Both apps run under uvicorn, each in its own process, started afresh for each epoch
+(`--epochs`: a few sets of processes, so no one process's luck decides); the load generator
 (benchmarks/loadgen.py, a third process) drives one of them at a time with N keep-alive
 connections on loopback, alternating A and B round by round so machine drift hits both.
 Per round: throughput, each request's latency, and the server's CPU time per request
