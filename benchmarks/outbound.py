@@ -4,7 +4,8 @@ Small GETs to the `fast` server (benchmarks/servers.py, its own process), from t
 process: one call at a time and 64 at once. Per call: latency (wall) and CPU time of
 this process (`time.process_time`), which is the client's whole cost because the server
 runs elsewhere. A and B alternate batch by batch in one run; each round's B/A ratio of
-medians gives the ratio and its spread.
+medians gives the ratio and its spread. A third side runs A again (the A/A control,
+reported for CPU): its distance from 1.00 is what the run cannot resolve.
 
 Both sides get the same pool (64 connections) and a bounded timeout; the `deadlines`
 side runs inside one `deadlines.scope` per batch, as calls made by a request handler
@@ -80,27 +81,26 @@ def _in_scope(run: Callable[[], Awaitable[Batch]]) -> Callable[[], Awaitable[Bat
 
 async def _side_by_side(
     rounds: int, run_a: Callable[[], Awaitable[Batch]], run_b: Callable[[], Awaitable[Batch]]
-) -> tuple[list[Batch], list[Batch]]:
+) -> tuple[list[Batch], list[Batch], list[Batch]]:
+    """A's, B's and A's again (the A/A control) batches, each going first in turn."""
     await run_a()  # warm up: connections, imports, caches
     await run_b()
-    a: list[Batch] = []
-    b: list[Batch] = []
+    sides = [run_a, run_b, run_a]
+    seen: list[list[Batch]] = [[], [], []]
     for i in range(rounds):
-        if i % 2 == 0:
-            a.append(await run_a())
-            b.append(await run_b())
-        else:
-            b.append(await run_b())
-            a.append(await run_a())
-    return a, b
+        for k in ((i + j) % 3 for j in range(3)):
+            seen[k].append(await sides[k]())
+    return seen[0], seen[1], seen[2]
 
 
-def _rows(name: str, labels: tuple[str, str], a: list[Batch], b: list[Batch]) -> list[Comparison]:
+def _rows(
+    name: str, labels: tuple[str, str], a: list[Batch], b: list[Batch], twin: list[Batch]
+) -> list[Comparison]:
+    """Latency and CPU, B against A (goals), and the CPU of A against itself (A/A, report)."""
     lat_rounds = [
         statistics.median(y.latencies_ms) / statistics.median(x.latencies_ms)
         for x, y in zip(a, b, strict=True)
     ]
-    cpu_rounds = [y.cpu_us / x.cpu_us for x, y in zip(a, b, strict=True)]
     latency = Comparison(
         name=name,
         metric="latency ms",
@@ -111,22 +111,28 @@ def _rows(name: str, labels: tuple[str, str], a: list[Batch], b: list[Batch]) ->
         goal="ratio <= 1.10",
         rounds=lat_rounds,
     )
-    cpu = Comparison(
+    cpu = _cpu(name, labels, a, b)
+    cpu.goal = "ratio <= 1.10"
+    control = _cpu(f"{name} A/A", (labels[0], "the same, again"), a, twin)
+    control.goal = "report"
+    return [verdict_ratio(latency, at_most=1.10), verdict_ratio(cpu, at_most=1.10), control]
+
+
+def _cpu(name: str, labels: tuple[str, str], a: list[Batch], b: list[Batch]) -> Comparison:
+    return Comparison(
         name=name,
         metric="CPU µs per call",
         a_label=labels[0],
         b_label=labels[1],
         a=Summary.of([x.cpu_us for x in a]),
         b=Summary.of([y.cpu_us for y in b]),
-        goal="ratio <= 1.10",
-        rounds=cpu_rounds,
+        rounds=[y.cpu_us / x.cpu_us for x, y in zip(a, b, strict=True)],
         notes={
             "added_cpu_us": statistics.median(
                 y.cpu_us - x.cpu_us for x, y in zip(a, b, strict=True)
             )
         },
     )
-    return [verdict_ratio(latency, at_most=1.10), verdict_ratio(cpu, at_most=1.10)]
 
 
 async def _async_suite(url: str, rounds: int, seq_n: int, each: int) -> list[Comparison]:
@@ -170,18 +176,18 @@ async def _async_suite(url: str, rounds: int, seq_n: int, each: int) -> list[Com
     rows: list[Comparison] = []
     try:
         for lib, (bare, ours, labels) in calls.items():
-            a, b = await _side_by_side(
+            a, b, twin = await _side_by_side(
                 rounds,
                 lambda bare=bare: _sequential(bare, seq_n),  # type: ignore[misc]
                 _in_scope(lambda ours=ours: _sequential(ours, seq_n)),  # type: ignore[misc]
             )
-            rows += _rows(f"outbound {lib}: sequential", labels, a, b)
-            a, b = await _side_by_side(
+            rows += _rows(f"outbound {lib}: sequential", labels, a, b, twin)
+            a, b, twin = await _side_by_side(
                 rounds,
                 lambda bare=bare: _concurrent(bare, POOL, each),  # type: ignore[misc]
                 _in_scope(lambda ours=ours: _concurrent(ours, POOL, each)),  # type: ignore[misc]
             )
-            rows += _rows(f"outbound {lib}: {POOL} concurrent", labels, a, b)
+            rows += _rows(f"outbound {lib}: {POOL} concurrent", labels, a, b, twin)
     finally:
         await bare_httpx.aclose()
         await our_httpx.aclose()
@@ -209,18 +215,16 @@ def _sync_suite(url: str, rounds: int, seq_n: int) -> list[Comparison]:
     try:
         batch(bare, False)
         batch(ours, True)
-        a: list[Batch] = []
-        b: list[Batch] = []
+        sides = [(bare, False), (ours, True), (bare, False)]  # the third: the A/A control
+        seen: list[list[Batch]] = [[], [], []]
         for i in range(rounds):
-            pair = [(bare, False, a), (ours, True, b)]
-            for client, scoped, into in pair if i % 2 == 0 else reversed(pair):
-                into.append(batch(client, scoped))
+            for k in ((i + j) % 3 for j in range(3)):
+                seen[k].append(batch(*sides[k]))
     finally:
         bare.close()
         ours.close()
-    return _rows(
-        "outbound httpx sync: sequential", ("httpx.Client", "deadlines.httpx.Client"), a, b
-    )
+    labels = ("httpx.Client", "deadlines.httpx.Client")
+    return _rows("outbound httpx sync: sequential", labels, *seen)
 
 
 def run(quick: bool) -> list[Comparison]:
