@@ -14,6 +14,8 @@ import pytest
 
 import deadlines
 
+from .apps import Record
+
 
 def free_socket() -> socket.socket:
     """A listening TCP socket on a free loopback port."""
@@ -262,3 +264,9 @@ async def uvicorn_in_loop(app: Any) -> AsyncIterator[str]:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
         sock.close()
+
+
+@pytest.fixture(scope="module")
+def record() -> Record:
+    """Observations of the module's handlers, shared by its servers (one per module)."""
+    return Record()

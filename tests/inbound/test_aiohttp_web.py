@@ -63,12 +63,6 @@ def build(record: Record) -> web.Application:
 
 
 @pytest.fixture(scope="module")
-def record() -> Record:
-    """Observations of the module's handlers."""
-    return Record()
-
-
-@pytest.fixture(scope="module")
 def url(record: Record) -> Iterator[str]:
     """The aiohttp server's base URL."""
     with serve_aiohttp(build(record)) as base:

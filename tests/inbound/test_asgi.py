@@ -24,12 +24,6 @@ pytestmark = pytest.mark.realtime
 
 
 @pytest.fixture(scope="module")
-def record() -> Record:
-    """Observations shared by the module's servers."""
-    return Record()
-
-
-@pytest.fixture(scope="module")
 def base(record: Record) -> Iterator[str]:
     """A Starlette app behind DeadlineMiddleware on uvicorn."""
     with serve_uvicorn(starlette_app(record)) as url:

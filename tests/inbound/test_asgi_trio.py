@@ -185,12 +185,6 @@ def serve_hypercorn_trio(app: Callable[..., Any]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def record() -> Record:
-    """Observations shared by the module's servers."""
-    return Record()
-
-
-@pytest.fixture(scope="module")
 def lazy(record: Record) -> Iterator[tuple[str, Escaped]]:
     """The app behind DeadlineMiddleware with its defaults, on hypercorn's trio worker."""
     app = Escaped(DeadlineMiddleware(trio_app(record), default=1.0, maximum=2.0))

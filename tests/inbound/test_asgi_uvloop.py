@@ -78,12 +78,6 @@ def serve_standard(app: Any) -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def record() -> Record:
-    """Observations shared by the module's servers."""
-    return Record()
-
-
-@pytest.fixture(scope="module")
 def starlette_server(record: Record) -> Iterator[Served]:
     """The Starlette app of apps.py (default 1 s, maximum 2 s) on uvloop and httptools."""
     with serve_standard(starlette_app(record)) as served:
