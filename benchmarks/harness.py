@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -126,6 +126,14 @@ class Bounded:
 
 
 Row = Comparison | Bounded
+
+
+def turns(rounds: int, sides: int) -> Iterator[int]:
+    """Which side runs next: every round each side in turn, each going first in turn,
+    so slow drift of the machine hits every side alike."""
+    for i in range(rounds):
+        for j in range(sides):
+            yield (i + j) % sides
 
 
 def alternate(

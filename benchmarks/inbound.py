@@ -31,6 +31,7 @@ from harness import (
     steadiness,
     steadiness_line,
     table,
+    turns,
     verdict_ratio,
 )
 
@@ -167,10 +168,8 @@ def _rotate(
     for server in servers:  # warm up: imports, caches, first connections
         _round(loadgen, server, 0.5, 0.2, path)
     results: list[list[Round]] = [[] for _ in servers]
-    n = len(servers)
-    for i in range(rounds):
-        for k in ((i + j) % n for j in range(n)):
-            results[k].append(_round(loadgen, servers[k], seconds, warmup, path))
+    for k in turns(rounds, len(servers)):
+        results[k].append(_round(loadgen, servers[k], seconds, warmup, path))
     return results
 
 

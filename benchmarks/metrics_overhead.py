@@ -53,6 +53,7 @@ from harness import (
     steadiness,
     steadiness_line,
     table,
+    turns,
     verdict_ratio,
 )
 
@@ -244,9 +245,8 @@ def httpx_calls(
                 await side(setup)  # warm up: connections, imports, caches
                 setups = [_off, setup, _off]
                 seen: list[list[float]] = [[], [], []]
-                for i in range(rounds):  # each side goes first in turn: drift hits all
-                    for k in ((i + j) % 3 for j in range(3)):
-                        seen[k] += await side(setups[k])
+                for k in turns(rounds, 3):
+                    seen[k] += await side(setups[k])
                 return seen
 
     a, b, twin = asyncio.run(main())

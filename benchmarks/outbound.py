@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import aiohttp
 import httpx
-from harness import Child, Comparison, Summary, verdict_ratio
+from harness import Child, Comparison, Summary, turns, verdict_ratio
 
 import deadlines
 import deadlines.aiohttp
@@ -87,9 +87,8 @@ async def _side_by_side(
     await run_b()
     sides = [run_a, run_b, run_a]
     seen: list[list[Batch]] = [[], [], []]
-    for i in range(rounds):
-        for k in ((i + j) % 3 for j in range(3)):
-            seen[k].append(await sides[k]())
+    for k in turns(rounds, 3):
+        seen[k].append(await sides[k]())
     return seen[0], seen[1], seen[2]
 
 
@@ -217,9 +216,8 @@ def _sync_suite(url: str, rounds: int, seq_n: int) -> list[Comparison]:
         batch(ours, True)
         sides = [(bare, False), (ours, True), (bare, False)]  # the third: the A/A control
         seen: list[list[Batch]] = [[], [], []]
-        for i in range(rounds):
-            for k in ((i + j) % 3 for j in range(3)):
-                seen[k].append(batch(*sides[k]))
+        for k in turns(rounds, 3):
+            seen[k].append(batch(*sides[k]))
     finally:
         bare.close()
         ours.close()
