@@ -254,10 +254,7 @@ class scope:
         when this scope's own cancellation ended the block."""
         timeout = self._timeout
         if timeout is None and self._canceller is None:  # never armed: most ASGI requests
-            token = self._token  # `_exit` inline: on this path the call costs as much
-            if token is not None:
-                _frame.reset(token)
-                self._token = None
+            self._exit()
             return
         try:
             if timeout is not None:
