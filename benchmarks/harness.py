@@ -64,7 +64,7 @@ class Comparison:
     """One row of the report: B measured against A, side by side.
 
     `rounds` holds B/A ratios of the medians of each alternation round (see
-    `alternate_rounds`); when present, the row's ratio is their median and the spread
+    `turns`); when present, the row's ratio is their median and the spread
     their interquartile range, so slow drift of the machine cancels within a round.
     `passed` is the verdict against `goal` (None: nothing to judge).
     """
@@ -139,28 +139,12 @@ def turns(rounds: int, sides: int) -> Iterator[int]:
 def alternate(
     rounds: int, run_a: Callable[[], list[float]], run_b: Callable[[], list[float]]
 ) -> tuple[list[float], list[float]]:
-    """Run A then B, B then A, ... `rounds` times, so drift hits both sides equally."""
-    a, b, _ = alternate_rounds(rounds, run_a, run_b)
-    return a, b
-
-
-def alternate_rounds(
-    rounds: int, run_a: Callable[[], list[float]], run_b: Callable[[], list[float]]
-) -> tuple[list[float], list[float], list[float]]:
-    """Like `alternate`, and also each round's ratio of B's median to A's median."""
-    a: list[float] = []
-    b: list[float] = []
-    ratios: list[float] = []
-    for i in range(rounds):
-        if i % 2 == 0:
-            one, two = run_a(), run_b()
-        else:
-            two, one = run_b(), run_a()
-        a += one
-        b += two
-        if one and two and statistics.median(one):
-            ratios.append(statistics.median(two) / statistics.median(one))
-    return a, b, ratios
+    """Run A then B, B then A, ... `rounds` times (`turns`), so drift hits both sides equally."""
+    sides = (run_a, run_b)
+    seen: tuple[list[float], list[float]] = ([], [])
+    for k in turns(rounds, 2):
+        seen[k].extend(sides[k]())
+    return seen
 
 
 def verdict_ratio(

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import httpx
-from harness import Child, Comparison, Summary, alternate_rounds, verdict_p99
+from harness import Child, Comparison, Summary, alternate, verdict_p99
 
 import deadlines
 import deadlines.aiohttp
@@ -57,7 +57,7 @@ def _compare(
 
     loop.run_until_complete(_lateness(attempts[0], Counter()))  # warm up both sides
     loop.run_until_complete(_lateness(attempts[1], Counter()))
-    a, b, _ = alternate_rounds(10, batch(0), batch(1))
+    a, b = alternate(10, batch(0), batch(1))
     row = Comparison(
         name=name,
         metric="lateness ms",
