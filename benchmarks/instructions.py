@@ -31,6 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from harness import child_env
+
 HERE = Path(__file__).resolve().parent
 WARMUP = 400
 SERVERS = {
@@ -82,7 +84,7 @@ def measure(kind: str, path: str, args: tuple[str, ...], requests: int) -> dict[
     """Per-request Ir, L1 misses and estimated cycles of one server under callgrind."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "callgrind.out"
-        env = dict(os.environ, PYTHONHASHSEED="0", PYTHONUNBUFFERED="1")
+        env = dict(child_env(os.environ), PYTHONHASHSEED="0")
         command = [
             "valgrind",
             "--tool=callgrind",
