@@ -36,6 +36,9 @@ from harness import (
 )
 
 CONNECTIONS = 32
+# Starlette's own middlewares the report rows set beside ours (`servers.py --reference`;
+# the generator asks for no gzip, so GZip's identity responder runs).
+REFERENCES = {"trustedhost": "TrustedHostMiddleware", "gzip": "GZipMiddleware"}
 
 
 @dataclass
@@ -94,8 +97,9 @@ def run(
     this run can tell servers apart. With `ablations`, reports: the middleware with its
     caller-left watcher held off (``watch_after=60``: every request arms its timer on
     entry), to show what the watcher and the deferred timer save or cost under load;
-    the floor, a middleware that only sets a context variable and watches `send`; and
-    bare vs middleware on uvloop and httptools, as ``uvicorn[standard]`` serves.
+    the floor, a middleware that only sets a context variable and watches `send`; two of
+    Starlette's own middlewares (`REFERENCES`), what a common middleware costs on this
+    app; and bare vs middleware on uvloop and httptools, as ``uvicorn[standard]`` serves.
     `rounds` overrides the number of rounds (16; 3 when `quick`). The rounds are split
     into `epochs` parts (2; 1 when `quick`), each with freshly started servers: one
     process can run a few per cent faster or slower than an identical one for its
@@ -108,6 +112,7 @@ def run(
     if ablations:
         configs["unwatched"] = ("--deadlines", "--watch-after", "60")
         configs["floor"] = ("--floor",)
+        configs |= {name: ("--reference", name) for name in REFERENCES}
     runs = [("starlette", *a) for a in configs.values()]
     seen = dict(zip(configs, _epochs(runs, rounds, epochs, seconds, warmup, "/"), strict=True))
     bare = seen["bare"]
@@ -121,6 +126,10 @@ def run(
         ablation += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
         floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
         ablation += _rows(bare, seen["floor"], floor_labels, "inbound floor")
+        for name, middleware in REFERENCES.items():
+            labels = ("Starlette under uvicorn", f"Starlette + {middleware}")
+            compared = _rows(bare, seen[name], labels, f"inbound, Starlette's {middleware}")
+            ablation += _throughput_cpu(compared)
         ablation += _standard(rounds, epochs, seconds, warmup)
     for row in ablation:
         row.goal = "report"
@@ -134,7 +143,11 @@ def _standard(rounds: int, epochs: int, seconds: float, warmup: float) -> list[C
     runs = [("starlette", "--standard"), ("starlette", "--standard", "--deadlines")]
     a, b = _epochs(runs, rounds, epochs, seconds, warmup, "/")
     labels = ("Starlette, uvloop + httptools", "the same + DeadlineMiddleware")
-    rows = _rows(a, b, labels, "inbound, uvicorn[standard]")
+    return _throughput_cpu(_rows(a, b, labels, "inbound, uvicorn[standard]"))
+
+
+def _throughput_cpu(rows: list[Comparison]) -> list[Comparison]:
+    """Of a comparison's rows, throughput and CPU per request (for reports)."""
     return [row for row in rows if row.metric in ("requests/s", "CPU µs per req")]
 
 
@@ -191,7 +204,7 @@ def _fastapi(rounds: int, epochs: int, seconds: float, warmup: float) -> list[Co
 def _control(a: list[Round], twin: list[Round], label: str, prefix: str) -> list[Comparison]:
     """The A/A rows: throughput and CPU of a second, identical bare server (reports)."""
     rows = _rows(a, twin, (f"{label} under uvicorn", "the same, a second server"), prefix)
-    kept = [row for row in rows if row.metric in ("requests/s", "CPU µs per req")]
+    kept = _throughput_cpu(rows)
     for row in kept:
         row.goal = "report"
         row.passed = None

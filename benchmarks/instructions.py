@@ -39,6 +39,8 @@ SERVERS = {
     "Starlette, bare": ("starlette", "/"),
     "Starlette + floor middleware": ("starlette", "/", "--floor"),
     "Starlette + DeadlineMiddleware": ("starlette", "/", "--deadlines", "--watch-after", "0.5"),
+    "Starlette + its TrustedHost": ("starlette", "/", "--reference", "trustedhost"),
+    "Starlette + its GZip": ("starlette", "/", "--reference", "gzip"),
     "FastAPI route, bare": ("fastapi", "/items/42?q=x"),
     "FastAPI + DeadlineMiddleware": (
         "fastapi",

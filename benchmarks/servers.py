@@ -5,6 +5,7 @@
     python benchmarks/servers.py starlette [--deadlines]   # uvicorn + a one-route app
     python benchmarks/servers.py fastapi [--deadlines]     # uvicorn + a FastAPI JSON route
     python benchmarks/servers.py starlette --standard      # ... on uvloop and httptools
+    python benchmarks/servers.py starlette --reference gzip   # ... with Starlette's GZip
 
 Each prints ``READY {"port": N}`` once it listens on 127.0.0.1 and runs until SIGTERM
 (or until its parent is gone). `fast` and `silent` are bare asyncio protocols, far
@@ -129,12 +130,34 @@ class _Floor:
             self.var.reset(token)
 
 
+def _reference(name: str) -> Any:
+    """One of Starlette's own pure ASGI middlewares, as many apps run it: what a
+    middleware common in production costs on the same app (a yardstick, not a goal)."""
+    from starlette.middleware import Middleware
+
+    if name == "trustedhost":
+        from starlette.middleware.trustedhost import TrustedHostMiddleware
+
+        return Middleware(TrustedHostMiddleware, allowed_hosts=["bench", "127.0.0.1"])
+    from starlette.middleware.gzip import GZipMiddleware
+
+    return Middleware(GZipMiddleware)  # the generator asks for no gzip: passed through
+
+
+REFERENCES = ("trustedhost", "gzip")
+
+
 def starlette_app(
-    *, with_deadlines: bool, watch_after: float | None = None, floor: bool = False
+    *,
+    with_deadlines: bool,
+    watch_after: float | None = None,
+    floor: bool = False,
+    reference: str | None = None,
 ) -> Any:
     """One route, ``GET /`` → 200 "ok"; optionally wrapped in `DeadlineMiddleware`.
 
-    `floor`: wrapped instead in `_Floor`, the least any such middleware does.
+    `floor`: wrapped instead in `_Floor`, the least any such middleware does;
+    `reference`: in one of Starlette's own middlewares (`REFERENCES`).
     """
     from starlette.applications import Starlette
     from starlette.middleware import Middleware
@@ -146,6 +169,8 @@ def starlette_app(
         return PlainTextResponse("ok")
 
     middleware = [Middleware(_Floor)] if floor else []
+    if reference is not None:
+        middleware.append(_reference(reference))
     if with_deadlines:
         from deadlines.asgi import DeadlineMiddleware
 
@@ -207,6 +232,9 @@ def main() -> None:
         "--floor", action="store_true", help="a minimal context-variable + send middleware"
     )
     parser.add_argument(
+        "--reference", choices=REFERENCES, help="one of Starlette's own middlewares instead"
+    )
+    parser.add_argument(
         "--standard", action="store_true", help="uvloop and httptools, as uvicorn[standard]"
     )
     args = parser.parse_args()
@@ -220,7 +248,10 @@ def main() -> None:
         _serve_uvicorn(app, standard=args.standard)
     else:
         app = starlette_app(
-            with_deadlines=args.deadlines, watch_after=args.watch_after, floor=args.floor
+            with_deadlines=args.deadlines,
+            watch_after=args.watch_after,
+            floor=args.floor,
+            reference=args.reference,
         )
         _serve_uvicorn(app, standard=args.standard)
 

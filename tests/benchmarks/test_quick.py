@@ -33,6 +33,7 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
             assert 0 < p10 <= p50 <= p90
     assert "inbound A/A: throughput" in [row["name"] for row in data["rows"]]
     assert "inbound, uvicorn[standard]: throughput" in [row["name"] for row in data["rows"]]
+    assert "inbound, Starlette's GZipMiddleware: throughput" in [r["name"] for r in data["rows"]]
     assert "outbound aiohttp: sequential A/A" in [row["name"] for row in data["rows"]]
     names = [row["name"] for row in data["rows"]]
     for prefix in PREFIXES:
