@@ -1,6 +1,7 @@
 """Inbound overhead: a bare Starlette app against the same app with `DeadlineMiddleware`.
 
     python benchmarks/inbound.py [--rounds 64] [--epochs 4] [--json PATH]   # the goal rows only
+    python benchmarks/inbound.py --references   # ... and Starlette's own middlewares beside
 
 Both apps run under uvicorn, each in its own process, started afresh for each epoch
 (`--epochs`: a few sets of processes, so no one process's luck decides); the load generator
@@ -89,7 +90,12 @@ def _round(loadgen: Child, server: Child, seconds: float, warmup: float, path: s
 
 
 def run(
-    quick: bool, *, rounds: int | None = None, ablations: bool = True, epochs: int | None = None
+    quick: bool,
+    *,
+    rounds: int | None = None,
+    ablations: bool = True,
+    epochs: int | None = None,
+    references: bool = False,
 ) -> list[Comparison]:
     """Throughput, latency and server CPU, bare vs middleware, in alternating rounds.
 
@@ -104,6 +110,7 @@ def run(
     into `epochs` parts (2; 1 when `quick`), each with freshly started servers: one
     process can run a few per cent faster or slower than an identical one for its
     whole life (memory layout, hash seeds), and fresh processes average that out.
+    `references` adds Starlette's middlewares without the other ablations.
     """
     default, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
     rounds = rounds or default
@@ -112,6 +119,7 @@ def run(
     if ablations:
         configs["unwatched"] = ("--deadlines", "--watch-after", "60")
         configs["floor"] = ("--floor",)
+    if ablations or references:
         configs |= {name: ("--reference", name) for name in REFERENCES}
     runs = [("starlette", *a) for a in configs.values()]
     seen = dict(zip(configs, _epochs(runs, rounds, epochs, seconds, warmup, "/"), strict=True))
@@ -126,10 +134,12 @@ def run(
         ablation += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
         floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
         ablation += _rows(bare, seen["floor"], floor_labels, "inbound floor")
+    if ablations or references:
         for name, middleware in REFERENCES.items():
             labels = ("Starlette under uvicorn", f"Starlette + {middleware}")
             compared = _rows(bare, seen[name], labels, f"inbound, Starlette's {middleware}")
             ablation += _throughput_cpu(compared)
+    if ablations:
         ablation += _standard(rounds, epochs, seconds, warmup)
     for row in ablation:
         row.goal = "report"
@@ -284,13 +294,20 @@ def main() -> int:
         "--epochs", type=int, default=4, help="fresh server processes this many times"
     )
     parser.add_argument("--json", type=Path, help="write the figures to this file")
+    parser.add_argument(
+        "--references",
+        action="store_true",
+        help="also Starlette's TrustedHost and GZip middlewares on the same app (reports)",
+    )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if not 1 <= args.epochs <= args.rounds:
         parser.error("--epochs must be between 1 and --rounds")
     before = steadiness()
-    rows = run(False, rounds=args.rounds, ablations=False, epochs=args.epochs)
+    rows = run(
+        False, rounds=args.rounds, ablations=False, epochs=args.epochs, references=args.references
+    )
     after = steadiness()
     print(f"{args.rounds} rounds in {args.epochs} epochs; {steadiness_line(before, after)}")
     print(table(rows))
