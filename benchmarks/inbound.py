@@ -35,11 +35,9 @@ from harness import (
     turns,
     verdict_ratio,
 )
+from servers import REFERENCES  # Starlette's own middlewares, set beside ours in reports
 
 CONNECTIONS = 32
-# Starlette's own middlewares the report rows set beside ours (`servers.py --reference`;
-# the generator asks for no gzip, so GZip's identity responder runs).
-REFERENCES = {"trustedhost": "TrustedHostMiddleware", "gzip": "GZipMiddleware"}
 
 
 @dataclass

@@ -144,7 +144,8 @@ def _reference(name: str) -> Any:
     return Middleware(GZipMiddleware)  # the generator asks for no gzip: passed through
 
 
-REFERENCES = ("trustedhost", "gzip")
+# The names `--reference` takes, and the middleware each stands for.
+REFERENCES = {"trustedhost": "TrustedHostMiddleware", "gzip": "GZipMiddleware"}
 
 
 def starlette_app(
@@ -232,7 +233,7 @@ def main() -> None:
         "--floor", action="store_true", help="a minimal context-variable + send middleware"
     )
     parser.add_argument(
-        "--reference", choices=REFERENCES, help="one of Starlette's own middlewares instead"
+        "--reference", choices=list(REFERENCES), help="wrap it in one of Starlette's own too"
     )
     parser.add_argument(
         "--standard", action="store_true", help="uvloop and httptools, as uvicorn[standard]"
