@@ -108,16 +108,17 @@ def run(
     into `epochs` parts (2; 1 when `quick`), each with freshly started servers: one
     process can run a few per cent faster or slower than an identical one for its
     whole life (memory layout, hash seeds), and fresh processes average that out.
-    `references` adds Starlette's middlewares without the other ablations.
+    `references` (implied by `ablations`) adds Starlette's middlewares alone.
     """
     default, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
     rounds = rounds or default
+    references = references or ablations
     epochs = epochs or (1 if quick else 2)
     configs: dict[str, tuple[str, ...]] = {"bare": (), "ours": ("--deadlines",), "twin": ()}
     if ablations:
         configs["unwatched"] = ("--deadlines", "--watch-after", "60")
         configs["floor"] = ("--floor",)
-    if ablations or references:
+    if references:
         configs |= {name: ("--reference", name) for name in REFERENCES}
     runs = [("starlette", *a) for a in configs.values()]
     seen = dict(zip(configs, _epochs(runs, rounds, epochs, seconds, warmup, "/"), strict=True))
@@ -132,7 +133,7 @@ def run(
         ablation += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
         floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
         ablation += _rows(bare, seen["floor"], floor_labels, "inbound floor")
-    if ablations or references:
+    if references:
         for name, middleware in REFERENCES.items():
             labels = ("Starlette under uvicorn", f"Starlette + {middleware}")
             compared = _rows(bare, seen[name], labels, f"inbound, Starlette's {middleware}")

@@ -14,8 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 from harness import MALLOC_TUNABLES, child_env
 
-# How many blocks malloc holds as their own mappings while a bytes object of asyncio's
-# read size (256 KiB) is alive, and after it is gone.
+# How many more blocks malloc holds as their own mappings while a bytes object of
+# asyncio's read size (256 KiB) is alive.
 _PROBE = """
 import ctypes
 class Info(ctypes.Structure):
