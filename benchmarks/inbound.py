@@ -2,13 +2,16 @@
 
     python benchmarks/inbound.py [--rounds 64] [--epochs 4] [--json PATH]   # the goal rows only
     python benchmarks/inbound.py --references   # ... and Starlette's own middlewares beside
+    python benchmarks/inbound.py --paired       # ... each round loads both servers at once
 
 Both apps run under uvicorn, each in its own process, started afresh for each epoch
 (`--epochs`: a few sets of processes, so no one process's luck decides); the load generator
 (benchmarks/loadgen.py, a third process) drives one of them at a time with N keep-alive
 connections on loopback, alternating A and B round by round so machine drift hits both.
 Per round: throughput, each request's latency, and the server's CPU time per request
-(from /proc, the most stable of the three on a shared machine). Every request carries
+(from /proc, the most stable of the three on a shared machine). With ``--paired`` each
+round loads the bare server and the other together instead, sharing one core, so that
+the host's noise falls on both in the same instants (`_paired_round`). Every request carries
 ``x-request-timeout-ms``, as a request from another `deadlines` hop would.
 """
 
@@ -63,18 +66,21 @@ def _pin(loadgen: Child, server: Child) -> None:
 
 
 def _round(loadgen: Child, server: Child, seconds: float, warmup: float, path: str) -> Round:
-    command: dict[str, Any] = {
-        "port": server.port,
-        "connections": CONNECTIONS,
-        "warmup": warmup,
-        "seconds": seconds,
-        "path": path,
-        "headers": {"x-request-timeout-ms": "2000"},
-    }
+    command = _command(seconds, warmup, path) | {"port": server.port, "connections": CONNECTIONS}
     _pin(loadgen, server)
     cpu = cpu_seconds(server.pid)
     answer = loadgen.ask(command, timeout=warmup + seconds + 30)
-    used = cpu_seconds(server.pid) - cpu
+    return _seen(answer, cpu_seconds(server.pid) - cpu, seconds, warmup)
+
+
+def _command(seconds: float, warmup: float, path: str) -> dict[str, Any]:
+    """A load round for the generator, less the servers and connections."""
+    headers = {"x-request-timeout-ms": "2000"}
+    return {"warmup": warmup, "seconds": seconds, "path": path, "headers": headers}
+
+
+def _seen(answer: dict[str, Any], used: float, seconds: float, warmup: float) -> Round:
+    """One server's `Round` from the generator's figures and the CPU it `used`."""
     if answer["errors"] or not answer["requests"]:
         raise RuntimeError(f"load round failed: {answer['errors']} errors, {answer['requests']} ok")
     # The server's CPU covers the warm-up too: divide by everything it answered.
@@ -94,6 +100,7 @@ def run(
     ablations: bool = True,
     epochs: int | None = None,
     references: bool = False,
+    paired: bool = False,
 ) -> list[Comparison]:
     """Throughput, latency and server CPU, bare vs middleware, in alternating rounds.
 
@@ -109,50 +116,72 @@ def run(
     process can run a few per cent faster or slower than an identical one for its
     whole life (memory layout, hash seeds), and fresh processes average that out.
     `references` (implied by `ablations`) adds Starlette's middlewares alone.
+    `paired`: each round loads the bare server and the other at the same time (see
+    `_paired_rounds`) instead of one after the other.
     """
     default, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
-    rounds = rounds or default
+    timing = _Timing(rounds or default, epochs or (1 if quick else 2), seconds, warmup, paired)
     references = references or ablations
-    epochs = epochs or (1 if quick else 2)
-    configs: dict[str, tuple[str, ...]] = {"bare": (), "ours": ("--deadlines",), "twin": ()}
+    configs: dict[str, tuple[str, ...]] = {"ours": ("--deadlines",), "twin": ()}
     if ablations:
         configs["unwatched"] = ("--deadlines", "--watch-after", "60")
         configs["floor"] = ("--floor",)
     if references:
         configs |= {name: ("--reference", name) for name in REFERENCES}
-    runs = [("starlette", *a) for a in configs.values()]
-    seen = dict(zip(configs, _epochs(runs, rounds, epochs, seconds, warmup, "/"), strict=True))
-    bare = seen["bare"]
+    seen = _against_bare(("starlette",), configs, timing, "/")
     rows = _rows(
-        bare, seen["ours"], ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound"
+        *seen["ours"], ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound"
     )
-    control = _control(bare, seen["twin"], "Starlette", "inbound A/A")
+    control = _control(*seen["twin"], "Starlette", "inbound A/A")
     ablation: list[Comparison] = []
     if ablations:  # not goals: what the watcher saves, and the least any middleware costs
         unwatched = ("Starlette under uvicorn", "Starlette + DeadlineMiddleware(watch_after=60)")
-        ablation += _rows(bare, seen["unwatched"], unwatched, "inbound, no watcher")
+        ablation += _rows(*seen["unwatched"], unwatched, "inbound, no watcher")
         floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
-        ablation += _rows(bare, seen["floor"], floor_labels, "inbound floor")
+        ablation += _rows(*seen["floor"], floor_labels, "inbound floor")
     if references:
         for name, middleware in REFERENCES.items():
             labels = ("Starlette under uvicorn", f"Starlette + {middleware}")
-            compared = _rows(bare, seen[name], labels, f"inbound, Starlette's {middleware}")
+            compared = _rows(*seen[name], labels, f"inbound, Starlette's {middleware}")
             ablation += _throughput_cpu(compared)
     if ablations:
-        ablation += _standard(rounds, epochs, seconds, warmup)
+        ablation += _standard(timing)
     for row in ablation:
         row.goal = "report"
         row.passed = None
-    return rows + control + ablation + _fastapi(rounds, epochs, seconds, warmup)
+    return rows + control + ablation + _fastapi(timing)
 
 
-def _standard(rounds: int, epochs: int, seconds: float, warmup: float) -> list[Comparison]:
+@dataclass(frozen=True)
+class _Timing:
+    """How a comparison is measured: rounds, epochs, each round's length, pairing."""
+
+    rounds: int
+    epochs: int
+    seconds: float
+    warmup: float
+    paired: bool
+
+
+def _against_bare(
+    bare: tuple[str, ...], others: dict[str, tuple[str, ...]], timing: _Timing, path: str
+) -> dict[str, tuple[list[Round], list[Round]]]:
+    """For each of `others` (extra arguments to the `bare` server's), the bare server's
+    rounds and its own, round for round."""
+    runs = [bare, *((*bare, *extra) for extra in others.values())]
+    if timing.paired:
+        pairs = _paired_epochs(runs, timing, path)
+        return dict(zip(others, pairs, strict=True))
+    base, *rest = _epochs(runs, timing.rounds, timing.epochs, timing.seconds, timing.warmup, path)
+    return {name: (base, mine) for name, mine in zip(others, rest, strict=True)}
+
+
+def _standard(timing: _Timing) -> list[Comparison]:
     """The Starlette comparison under uvloop and httptools (``uvicorn[standard]``): a
     cheaper bare request, so the same microseconds weigh more (throughput and CPU)."""
-    runs = [("starlette", "--standard"), ("starlette", "--standard", "--deadlines")]
-    a, b = _epochs(runs, rounds, epochs, seconds, warmup, "/")
+    seen = _against_bare(("starlette", "--standard"), {"ours": ("--deadlines",)}, timing, "/")
     labels = ("Starlette, uvloop + httptools", "the same + DeadlineMiddleware")
-    return _throughput_cpu(_rows(a, b, labels, "inbound, uvicorn[standard]"))
+    return _throughput_cpu(_rows(*seen["ours"], labels, "inbound, uvicorn[standard]"))
 
 
 def _throughput_cpu(rows: list[Comparison]) -> list[Comparison]:
@@ -195,19 +224,82 @@ def _rotate(
     return results
 
 
+def _paired_epochs(
+    runs: list[tuple[str, ...]], timing: _Timing, path: str
+) -> list[tuple[list[Round], list[Round]]]:
+    """For each server after the first, the first's rounds and its own, loaded together.
+
+    Per epoch, fresh servers and generator; every round pairs the first server with
+    each of the others in turn (`turns` sets the order), and a pair's two servers take
+    turns to have their connections opened first.
+    """
+    results: list[tuple[list[Round], list[Round]]] = [([], []) for _ in runs[1:]]
+    epochs = max(1, min(timing.epochs, timing.rounds))
+    for epoch in range(epochs):
+        share = timing.rounds // epochs + (1 if epoch < timing.rounds % epochs else 0)
+        with contextlib.ExitStack() as stack:
+            base, *others = [stack.enter_context(Child("servers.py", *argv)) for argv in runs]
+            loadgen = stack.enter_context(Child("loadgen.py"))
+            for server in (base, *others):  # warm up: imports, caches, first connections
+                _round(loadgen, server, 0.5, 0.2, path)
+            for k in turns(share, len(others)):
+                mine = results[k]
+                flip = len(mine[0]) % 2 == 1  # who connects first, in turn
+                a, b = _paired_round(loadgen, base, others[k], timing, path, flip=flip)
+                mine[0].append(a)
+                mine[1].append(b)
+    return results
+
+
+def _paired_round(
+    loadgen: Child, a: Child, b: Child, timing: _Timing, path: str, *, flip: bool
+) -> tuple[Round, Round]:
+    """`a` and `b` under load at the same time, sharing one core; each one's `Round`.
+
+    Half the connections go to each, and the two servers share one core (the generator
+    has the other), so the scheduler gives them equal time in the same instants: the
+    hypervisor's steals and the host's drift, which move a round of one server against
+    a round of the other by ±10 % on a shared machine, fall on both alike, and what
+    one does more per request shows as fewer requests in the same time. `flip` opens
+    `b`'s connections first.
+    """
+    pair = [b, a] if flip else [a, b]
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= 2:
+        os.sched_setaffinity(loadgen.pid, {cores[0]})
+        for server in pair:
+            os.sched_setaffinity(server.pid, {cores[1]})
+    command = _command(timing.seconds, timing.warmup, path) | {
+        "ports": [server.port for server in pair],
+        "connections": CONNECTIONS // 2,
+    }
+    cpu = [cpu_seconds(server.pid) for server in pair]
+    answer = loadgen.ask(command, timeout=timing.warmup + timing.seconds + 30)
+    seen = [
+        _seen(
+            figures | {"cpu_s": answer["cpu_s"]},
+            cpu_seconds(server.pid) - used,
+            timing.seconds,
+            timing.warmup,
+        )
+        for server, figures, used in zip(pair, answer["ports"], cpu, strict=True)
+    ]
+    return (seen[1], seen[0]) if flip else (seen[0], seen[1])
+
+
 FASTAPI_PATH = "/items/42?q=x"
 
 
-def _fastapi(rounds: int, epochs: int, seconds: float, warmup: float) -> list[Comparison]:
+def _fastapi(timing: _Timing) -> list[Comparison]:
     """The same comparison on a typical route: FastAPI, a path parameter, a pydantic model.
 
     With its own A/A control, a second bare FastAPI server.
     """
-    runs = [("fastapi",), ("fastapi", "--deadlines"), ("fastapi",)]
-    a, b, c = _epochs(runs, rounds, epochs, seconds, warmup, FASTAPI_PATH)
+    others = {"ours": ("--deadlines",), "twin": ()}
+    seen = _against_bare(("fastapi",), others, timing, FASTAPI_PATH)
     labels = ("FastAPI JSON route under uvicorn", "FastAPI + DeadlineMiddleware")
-    control = _control(a, c, "FastAPI JSON route", "inbound, FastAPI A/A")
-    return _rows(a, b, labels, "inbound, FastAPI route") + control
+    control = _control(*seen["twin"], "FastAPI JSON route", "inbound, FastAPI A/A")
+    return _rows(*seen["ours"], labels, "inbound, FastAPI route") + control
 
 
 def _control(a: list[Round], twin: list[Round], label: str, prefix: str) -> list[Comparison]:
@@ -298,6 +390,11 @@ def main() -> int:
         action="store_true",
         help="also Starlette's TrustedHost and GZip middlewares on the same app (reports)",
     )
+    parser.add_argument(
+        "--paired",
+        action="store_true",
+        help="load the bare server and the other at the same time, on one shared core",
+    )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
@@ -305,16 +402,23 @@ def main() -> int:
         parser.error("--epochs must be between 1 and --rounds")
     before = steadiness()
     rows = run(
-        False, rounds=args.rounds, ablations=False, epochs=args.epochs, references=args.references
+        False,
+        rounds=args.rounds,
+        ablations=False,
+        epochs=args.epochs,
+        references=args.references,
+        paired=args.paired,
     )
     after = steadiness()
-    print(f"{args.rounds} rounds in {args.epochs} epochs; {steadiness_line(before, after)}")
+    how = "paired rounds" if args.paired else "rounds"
+    print(f"{args.rounds} {how} in {args.epochs} epochs; {steadiness_line(before, after)}")
     print(table(rows))
     if args.json:
         steady = {"before": before, "after": after}
         payload = {
             "rounds": args.rounds,
             "epochs": args.epochs,
+            "paired": args.paired,
             "steadiness": steady,
             "rows": [r.to_json() for r in rows],
         }

@@ -7,12 +7,16 @@ Each command ``{"port": P, "connections": N, "warmup": W, "seconds": S, "path": 
 GET as soon as the previous answer is complete; after W seconds of warm-up it counts
 for S seconds and answers one JSON line: completed requests, the window, each
 request's latency in µs, and this process's CPU seconds (if they approach the window,
-the generator and not the server was the limit). Bare asyncio protocols keep it cheap.
+the generator and not the server was the limit). With ``"ports": [P, Q, ...]`` in place
+of ``"port"`` it loads every server at once, N connections each, and answers their
+figures in that order under ``"ports"`` (the paired rounds of `inbound.py --paired`).
+Bare asyncio protocols keep it cheap.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -94,30 +98,37 @@ async def _round(cmd: dict[str, Any]) -> dict[str, Any]:
     headers = "".join(f"{k}: {v}\r\n" for k, v in cmd.get("headers", {}).items())
     request = f"GET {cmd.get('path', '/')} HTTP/1.1\r\nHost: bench\r\n{headers}\r\n".encode()
     warmup, seconds = float(cmd["warmup"]), float(cmd["seconds"])
+    paired = "ports" in cmd
+    ports = [int(p) for p in cmd["ports"]] if paired else [int(cmd["port"])]
     start = time.perf_counter() + warmup
-    window = _Window(start, start + seconds)
+    windows = [_Window(start, start + seconds) for _ in ports]
     conns: list[_Conn] = []
-    for _ in range(int(cmd["connections"])):
-        _, proto = await loop.create_connection(
-            lambda: _Conn(request, window), "127.0.0.1", int(cmd["port"])
-        )
-        conns.append(proto)
+    for port, window in zip(ports, windows, strict=True):
+        for _ in range(int(cmd["connections"])):
+            _, proto = await loop.create_connection(
+                functools.partial(_Conn, request, window), "127.0.0.1", port
+            )
+            conns.append(proto)
     await asyncio.sleep(max(0.0, start - time.perf_counter()))
     cpu0 = time.process_time()
-    await asyncio.sleep(max(0.0, window.end - time.perf_counter()))
+    await asyncio.sleep(max(0.0, start + seconds - time.perf_counter()))
     cpu = time.process_time() - cpu0
-    window.running = False
+    for window in windows:
+        window.running = False
     for conn in conns:
         if conn.transport is not None:
             conn.transport.close()
     await asyncio.gather(*(c.closed for c in conns))
-    return {
-        "requests": len(window.latencies_us),
-        "seconds": seconds,
-        "lat_us": window.latencies_us,
-        "errors": window.errors,
-        "cpu_s": cpu,
-    }
+    seen = [
+        {"requests": len(w.latencies_us), "lat_us": w.latencies_us, "errors": w.errors}
+        for w in windows
+    ]
+    answer: dict[str, Any] = {"seconds": seconds, "cpu_s": cpu}
+    if paired:
+        answer["ports"] = seen
+    else:
+        answer |= seen[0]
+    return answer
 
 
 def main() -> None:

@@ -1,0 +1,30 @@
+"""`inbound.py --paired`: two servers under load at once, each one's figures its own."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+from harness import Child
+
+import inbound
+
+
+def test_a_paired_round_keeps_each_servers_figures_apart() -> None:
+    """A bare asyncio server beside a Starlette app, either connected first: the bare
+    one answers several times as many requests in the same instants, and each server's
+    CPU per request is its own."""
+    timing = inbound._Timing(rounds=1, epochs=1, seconds=0.6, warmup=0.1, paired=True)
+    with (
+        Child("servers.py", "fast") as fast,
+        Child("servers.py", "starlette") as app,
+        Child("loadgen.py") as loadgen,
+    ):
+        for flip in (False, True):
+            quick, slow = inbound._paired_round(loadgen, fast, app, timing, "/", flip=flip)
+            assert slow.rps > 0
+            assert quick.rps > 3 * slow.rps, (flip, quick.rps, slow.rps)
+            assert quick.cpu_us < slow.cpu_us, (flip, quick.cpu_us, slow.cpu_us)
+            assert len(quick.latencies_ms) == round(quick.rps * timing.seconds)
