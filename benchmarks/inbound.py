@@ -117,7 +117,7 @@ def run(
     whole life (memory layout, hash seeds), and fresh processes average that out.
     `references` (implied by `ablations`) adds Starlette's middlewares alone.
     `paired`: each round loads the bare server and the other at the same time (see
-    `_paired_rounds`) instead of one after the other.
+    `_paired_round`) instead of one after the other.
     """
     default, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
     timing = _Timing(rounds or default, epochs or (1 if quick else 2), seconds, warmup, paired)
@@ -199,9 +199,7 @@ def _epochs(
 ) -> list[list[Round]]:
     """Each server's rounds over `epochs` lives: per epoch, fresh servers and generator."""
     results: list[list[Round]] = [[] for _ in runs]
-    epochs = max(1, min(epochs, rounds))
-    for epoch in range(epochs):
-        share = rounds // epochs + (1 if epoch < rounds % epochs else 0)
+    for share in _shares(rounds, epochs):
         with contextlib.ExitStack() as stack:
             servers = [stack.enter_context(Child("servers.py", *argv)) for argv in runs]
             loadgen = stack.enter_context(Child("loadgen.py"))
@@ -212,12 +210,23 @@ def _epochs(
     return results
 
 
+def _shares(rounds: int, epochs: int) -> list[int]:
+    """The rounds each epoch runs: `rounds` split as evenly as it goes, at least one each."""
+    epochs = max(1, min(epochs, rounds))
+    return [rounds // epochs + (1 if epoch < rounds % epochs else 0) for epoch in range(epochs)]
+
+
+def _warm_up(loadgen: Child, servers: list[Child], path: str) -> None:
+    """A short round for each server: imports, caches, first connections."""
+    for server in servers:
+        _round(loadgen, server, 0.5, 0.2, path)
+
+
 def _rotate(
     loadgen: Child, servers: list[Child], rounds: int, seconds: float, warmup: float, path: str
 ) -> list[list[Round]]:
     """Each server's rounds; every round each server in turn, each going first in turn."""
-    for server in servers:  # warm up: imports, caches, first connections
-        _round(loadgen, server, 0.5, 0.2, path)
+    _warm_up(loadgen, servers, path)
     results: list[list[Round]] = [[] for _ in servers]
     for k in turns(rounds, len(servers)):
         results[k].append(_round(loadgen, servers[k], seconds, warmup, path))
@@ -239,9 +248,7 @@ def _paired_epochs(
     """
     bare, others = runs[0], runs[1:]
     results: list[tuple[list[Round], list[Round]]] = [([], []) for _ in others]
-    epochs = max(1, min(timing.epochs, timing.rounds))
-    for epoch in range(epochs):
-        share = timing.rounds // epochs + (1 if epoch < timing.rounds % epochs else 0)
+    for share in _shares(timing.rounds, timing.epochs):
         with contextlib.ExitStack() as stack:
             pairs = [
                 (
@@ -251,8 +258,7 @@ def _paired_epochs(
                 for argv in others
             ]
             loadgen = stack.enter_context(Child("loadgen.py"))
-            for server in [server for pair in pairs for server in pair]:  # warm up
-                _round(loadgen, server, 0.5, 0.2, path)
+            _warm_up(loadgen, [server for pair in pairs for server in pair], path)
             for k in turns(share, len(pairs)):
                 mine = results[k]
                 flip = len(mine[0]) % 2 == 1  # who connects first, in turn
@@ -275,11 +281,8 @@ def _paired_round(
     `b`'s connections first.
     """
     pair = [b, a] if flip else [a, b]
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) >= 2:
-        os.sched_setaffinity(loadgen.pid, {cores[0]})
-        for server in pair:
-            os.sched_setaffinity(server.pid, {cores[1]})
+    for server in pair:
+        _pin(loadgen, server)  # both on the server core
     command = _command(timing.seconds, timing.warmup, path) | {
         "ports": [server.port for server in pair],
         "connections": CONNECTIONS // 2,
