@@ -1,7 +1,7 @@
 """Inbound overhead: a bare Starlette app against the same app with `DeadlineMiddleware`.
 
     python benchmarks/inbound.py [--rounds 64] [--epochs 4] [--json PATH]   # the goal rows only
-    python benchmarks/inbound.py --references   # ... and Starlette's own middlewares beside
+    python benchmarks/inbound.py --references   # ... and yardsticks beside (`YARDSTICKS`)
     python benchmarks/inbound.py --paired       # ... each round loads both servers at once
 
 Both apps run under uvicorn, each in its own process, started afresh for each epoch
@@ -105,17 +105,18 @@ def run(
     """Throughput, latency and server CPU, bare vs middleware, in alternating rounds.
 
     A second bare server is the control: its ratio to the first (A/A) shows how far
-    this run can tell servers apart. With `ablations`, reports: the middleware with its
-    caller-left watcher held off (``watch_after=60``: every request arms its timer on
-    entry), to show what the watcher and the deferred timer save or cost under load;
-    the floor, a middleware that only sets a context variable and watches `send`; two of
-    Starlette's own middlewares (`REFERENCES`), what a common middleware costs on this
-    app; and bare vs middleware on uvloop and httptools, as ``uvicorn[standard]`` serves.
+    this run can tell servers apart. `references` (implied by `ablations`) adds
+    yardsticks, each alone on the same app: a middleware that only calls the app (what
+    one more layer costs), the floor (a middleware that only sets a context variable
+    and watches `send`), and two of Starlette's own middlewares (`REFERENCES`), what a
+    common middleware costs on this app. With `ablations`, also: the middleware with
+    its caller-left watcher held off (``watch_after=60``: every request arms its timer
+    on entry), to show what the watcher and the deferred timer save or cost under load;
+    and bare vs middleware on uvloop and httptools, as ``uvicorn[standard]`` serves.
     `rounds` overrides the number of rounds (16; 3 when `quick`). The rounds are split
     into `epochs` parts (2; 1 when `quick`), each with freshly started servers: one
     process can run a few per cent faster or slower than an identical one for its
     whole life (memory layout, hash seeds), and fresh processes average that out.
-    `references` (implied by `ablations`) adds Starlette's middlewares alone.
     `paired`: each round loads the bare server and the other at the same time (see
     `_paired_round`) instead of one after the other.
     """
@@ -125,31 +126,48 @@ def run(
     configs: dict[str, tuple[str, ...]] = {"ours": ("--deadlines",), "twin": ()}
     if ablations:
         configs["unwatched"] = ("--deadlines", "--watch-after", "60")
-        configs["floor"] = ("--floor",)
     if references:
-        configs |= {name: ("--reference", name) for name in REFERENCES}
+        configs |= {name: yardstick.argv for name, yardstick in YARDSTICKS.items()}
     seen = _against_bare(("starlette",), configs, timing, "/")
     rows = _rows(
         *seen["ours"], ("Starlette under uvicorn", "Starlette + DeadlineMiddleware"), "inbound"
     )
     control = _control(*seen["twin"], "Starlette", "inbound A/A")
     ablation: list[Comparison] = []
-    if ablations:  # not goals: what the watcher saves, and the least any middleware costs
+    if ablations:  # not goals: what the watcher saves
         unwatched = ("Starlette under uvicorn", "Starlette + DeadlineMiddleware(watch_after=60)")
         ablation += _rows(*seen["unwatched"], unwatched, "inbound, no watcher")
-        floor_labels = ("Starlette under uvicorn", "Starlette + a contextvar/send middleware")
-        ablation += _rows(*seen["floor"], floor_labels, "inbound floor")
-    if references:
-        for name, middleware in REFERENCES.items():
-            labels = ("Starlette under uvicorn", f"Starlette + {middleware}")
-            compared = _rows(*seen[name], labels, f"inbound, Starlette's {middleware}")
-            ablation += _throughput_cpu(compared)
+    if references:  # not goals: what other middlewares cost on the same app
+        for name, yardstick in YARDSTICKS.items():
+            labels = ("Starlette under uvicorn", f"Starlette + {yardstick.middleware}")
+            ablation += _throughput_cpu(_rows(*seen[name], labels, yardstick.prefix))
     if ablations:
         ablation += _standard(timing)
     for row in ablation:
         row.goal = "report"
         row.passed = None
     return rows + control + ablation + _fastapi(timing)
+
+
+@dataclass(frozen=True)
+class _Yardstick:
+    """A middleware set alone on the same app, for scale (reports, not goals)."""
+
+    argv: tuple[str, ...]  # the server's extra arguments
+    middleware: str  # what it is, in the rows' labels
+    prefix: str  # the rows' names start with this
+
+
+YARDSTICKS = {
+    "passthrough": _Yardstick(
+        ("--passthrough",), "a middleware that only calls the app", "inbound, pass-through"
+    ),
+    "floor": _Yardstick(("--floor",), "a contextvar/send middleware", "inbound floor"),
+    **{
+        name: _Yardstick(("--reference", name), middleware, f"inbound, Starlette's {middleware}")
+        for name, middleware in REFERENCES.items()
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -402,7 +420,8 @@ def main() -> int:
     parser.add_argument(
         "--references",
         action="store_true",
-        help="also Starlette's TrustedHost and GZip middlewares on the same app (reports)",
+        help="also yardsticks on the same app: a pass-through, the floor, Starlette's "
+        "TrustedHost and GZip middlewares (reports)",
     )
     parser.add_argument(
         "--paired",

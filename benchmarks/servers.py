@@ -130,6 +130,16 @@ class _Floor:
             self.var.reset(token)
 
 
+class _PassThrough:
+    """A pure ASGI middleware that only calls the app: what one more layer costs."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.app(scope, receive, send)
+
+
 def _reference(name: str) -> Any:
     """One of Starlette's own pure ASGI middlewares, as many apps run it: what a
     middleware common in production costs on the same app (a yardstick, not a goal)."""
@@ -153,11 +163,13 @@ def starlette_app(
     with_deadlines: bool,
     watch_after: float | None = None,
     floor: bool = False,
+    passthrough: bool = False,
     reference: str | None = None,
 ) -> Any:
     """One route, ``GET /`` → 200 "ok"; optionally wrapped in `DeadlineMiddleware`.
 
     `floor`: wrapped instead in `_Floor`, the least any such middleware does;
+    `passthrough`: in `_PassThrough`, the least any middleware at all does;
     `reference`: in one of Starlette's own middlewares (`REFERENCES`).
     """
     from starlette.applications import Starlette
@@ -170,6 +182,8 @@ def starlette_app(
         return PlainTextResponse("ok")
 
     middleware = [Middleware(_Floor)] if floor else []
+    if passthrough:
+        middleware.append(Middleware(_PassThrough))
     if reference is not None:
         middleware.append(_reference(reference))
     if with_deadlines:
@@ -233,6 +247,9 @@ def main() -> None:
         "--floor", action="store_true", help="a minimal context-variable + send middleware"
     )
     parser.add_argument(
+        "--passthrough", action="store_true", help="a middleware that only calls the app"
+    )
+    parser.add_argument(
         "--reference", choices=list(REFERENCES), help="wrap it in one of Starlette's own too"
     )
     parser.add_argument(
@@ -252,6 +269,7 @@ def main() -> None:
             with_deadlines=args.deadlines,
             watch_after=args.watch_after,
             floor=args.floor,
+            passthrough=args.passthrough,
             reference=args.reference,
         )
         _serve_uvicorn(app, standard=args.standard)

@@ -34,6 +34,8 @@ def test_quick_run_writes_every_row(tmp_path: Path) -> None:
     assert "inbound A/A: throughput" in [row["name"] for row in data["rows"]]
     assert "inbound, uvicorn[standard]: throughput" in [row["name"] for row in data["rows"]]
     assert "inbound, Starlette's GZipMiddleware: throughput" in [r["name"] for r in data["rows"]]
+    assert "inbound, pass-through: throughput" in [r["name"] for r in data["rows"]]
+    assert "inbound floor: server CPU per request" in [r["name"] for r in data["rows"]]
     assert "outbound aiohttp: sequential A/A" in [row["name"] for row in data["rows"]]
     names = [row["name"] for row in data["rows"]]
     for prefix in PREFIXES:
