@@ -298,7 +298,14 @@ class Child:
     process by its PID (killing it if it lingers) and reaps it.
     """
 
-    def __init__(self, script: str, *args: str, ready_timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        script: str,
+        *args: str,
+        ready_timeout: float = 30.0,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        """Start it; `env` replaces this process's environment (`child_env` still applies)."""
         self.argv = [sys.executable, str(HERE / script), *args]
         self.ready_timeout = ready_timeout
         self.info: dict[str, Any] = {}
@@ -308,7 +315,7 @@ class Child:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._stderr,
-            env=child_env(os.environ),
+            env=child_env(os.environ if env is None else env),
         )
 
     @property

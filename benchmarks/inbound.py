@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,7 +190,8 @@ def _against_bare(
     rounds and its own, round for round."""
     runs = [bare, *((*bare, *extra) for extra in others.values())]
     if timing.paired:
-        pairs = _paired_epochs(runs, timing, path)
+        servers = [functools.partial(Child, "servers.py", *argv) for argv in runs]
+        pairs = _paired_epochs([(servers[0], other) for other in servers[1:]], timing, path)
         return dict(zip(others, pairs, strict=True))
     base, *rest = _epochs(runs, timing.rounds, timing.epochs, timing.seconds, timing.warmup, path)
     return {name: (base, mine) for name, mine in zip(others, rest, strict=True)}
@@ -252,10 +255,10 @@ def _rotate(
 
 
 def _paired_epochs(
-    runs: list[tuple[str, ...]], timing: _Timing, path: str
+    pairs: list[tuple[Callable[[], Child], Callable[[], Child]]], timing: _Timing, path: str
 ) -> list[tuple[list[Round], list[Round]]]:
-    """For each server after the first, a twin of the first's rounds and its own, loaded
-    together.
+    """For each pair of servers (each started by calling its factory), both one's rounds
+    and the other's, loaded together.
 
     Each comparison has a bare server of its own, so that the two in a pair work and
     idle alike. A bare server shared by every pair ran in every round while each other
@@ -264,23 +267,19 @@ def _paired_epochs(
     fresh servers and generator; every round runs the pairs in turn (`turns` sets the
     order), and a pair's two servers take turns to have their connections opened first.
     """
-    bare, others = runs[0], runs[1:]
-    results: list[tuple[list[Round], list[Round]]] = [([], []) for _ in others]
+    results: list[tuple[list[Round], list[Round]]] = [([], []) for _ in pairs]
     for share in _shares(timing.rounds, timing.epochs):
         with contextlib.ExitStack() as stack:
-            pairs = [
-                (
-                    stack.enter_context(Child("servers.py", *bare)),
-                    stack.enter_context(Child("servers.py", *argv)),
-                )
-                for argv in others
+            started = [
+                (stack.enter_context(first()), stack.enter_context(second()))
+                for first, second in pairs
             ]
             loadgen = stack.enter_context(Child("loadgen.py"))
-            _warm_up(loadgen, [server for pair in pairs for server in pair], path)
-            for k in turns(share, len(pairs)):
+            _warm_up(loadgen, [server for pair in started for server in pair], path)
+            for k in turns(share, len(started)):
                 mine = results[k]
                 flip = len(mine[0]) % 2 == 1  # who connects first, in turn
-                a, b = _paired_round(loadgen, *pairs[k], timing, path, flip=flip)
+                a, b = _paired_round(loadgen, *started[k], timing, path, flip=flip)
                 mine[0].append(a)
                 mine[1].append(b)
     return results

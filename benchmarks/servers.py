@@ -233,7 +233,9 @@ def _serve_uvicorn(app: Any, *, standard: bool = False) -> None:
         app, log_level="warning", access_log=False, lifespan="off", loop=loop, http=http
     )
     server = uvicorn.Server(config)
-    announce({"port": sock.getsockname()[1]})
+    deadlines = sys.modules.get("deadlines")  # which tree it came from (versus.py checks)
+    where = None if deadlines is None else deadlines.__file__
+    announce({"port": sock.getsockname()[1], "deadlines": where})
     asyncio.run(server.serve(sockets=[sock]))
 
 
