@@ -6,8 +6,10 @@
     python benchmarks/servers.py fastapi [--deadlines]     # uvicorn + a FastAPI JSON route
     python benchmarks/servers.py starlette --standard      # ... on uvloop and httptools
     python benchmarks/servers.py starlette --reference gzip   # ... with Starlette's GZip
+    python benchmarks/servers.py starlette --passthrough      # ... in a do-nothing middleware
 
-Each prints ``READY {"port": N}`` once it listens on 127.0.0.1 and runs until SIGTERM
+Each prints ``READY {"port": N}`` (uvicorn's also name the `deadlines` package they
+imported, or null) once it listens on 127.0.0.1 and runs until SIGTERM
 (or until its parent is gone). `fast` and `silent` are bare asyncio protocols, far
 cheaper per request than any client measured against them, so the client is what the
 figures measure. `silent` answers one path, ``GET /_hung``, with the number of
