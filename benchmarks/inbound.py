@@ -43,6 +43,7 @@ from harness import (
 from servers import REFERENCES  # Starlette's own middlewares, set beside ours in reports
 
 CONNECTIONS = 32
+WARMUP = 0.3  # seconds of load before each round's count starts
 
 
 @dataclass
@@ -122,8 +123,8 @@ def run(
     `paired`: each round loads the bare server and the other at the same time (see
     `_paired_round`) instead of one after the other.
     """
-    default, seconds, warmup = (3, 1.0, 0.3) if quick else (16, 2.0, 0.3)
-    timing = _Timing(rounds or default, epochs or (1 if quick else 2), seconds, warmup, paired)
+    default, seconds = (3, 1.0) if quick else (16, 2.0)
+    timing = _Timing(rounds or default, epochs or (1 if quick else 2), seconds, WARMUP, paired)
     references = references or ablations
     configs: dict[str, tuple[str, ...]] = {"ours": ("--deadlines",), "twin": ()}
     if ablations:

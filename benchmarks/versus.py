@@ -24,7 +24,7 @@ from pathlib import Path
 
 from harness import Child, Comparison, steadiness, steadiness_line, table
 
-from inbound import FASTAPI_PATH, _paired_epochs, _reports, _rows, _Timing
+from inbound import FASTAPI_PATH, WARMUP, _paired_epochs, _reports, _rows, _Timing
 
 
 class _TreeServer(Child):
@@ -83,7 +83,7 @@ def main() -> int:
         parser.error("--epochs must be between 1 and --rounds")
     if args.seconds <= 0:
         parser.error("--seconds must be > 0")
-    timing = _Timing(args.rounds, args.epochs, args.seconds, 0.3, paired=True)
+    timing = _Timing(args.rounds, args.epochs, args.seconds, WARMUP, paired=True)
     first = steadiness()
     rows = run(before, after, timing, fastapi=args.fastapi)
     print(f"{args.rounds} paired rounds in {args.epochs} epochs; ", end="")
