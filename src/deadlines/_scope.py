@@ -156,26 +156,6 @@ class scope:
         self._timeout: _alarms.Timeout | None = None  # the asyncio canceller, inline
         self._canceller: _Canceller | None = None  # trio's
 
-    def _open(self, budget: float, start: float) -> float:
-        """Enter with `budget` seconds from `start`, the timer not armed yet; the deadline.
-
-        For an integration on its hot path (the ASGI middleware's exchange, a subclass,
-        once per request): the budget is already valid, the start is the request's
-        arrival, and the timer is armed later with `_arm`, if at all. Left with
-        `_exit_async`, as usual. `__init__` did not run: the slots the exit reads are
-        set here, those only `_enter` reads are not (an opened scope is never entered).
-        Returns the clock instant of the deadline in force (an outer one may be earlier).
-        """
-        self._timeout = None
-        self._canceller = None
-        frame = _frame.get()
-        at = start + budget
-        if frame is None or at < frame.at:
-            frame = _Frame(at, budget, start)
-        self._frame = frame
-        self._token = _frame.set(frame)
-        return frame.at
-
     @property
     def deadline(self) -> Deadline | None:
         """The effective deadline inside the block (None before entry or without one)."""
@@ -252,9 +232,21 @@ class scope:
     def _exit_async(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         """What ``async with`` does on exit: disarm, restore, and raise `DeadlineExceeded`
         when this scope's own cancellation ended the block."""
+        token, self._token = self._token, None
+        assert token is not None
+        self._leave(exc_type, exc, token)
+
+    def _leave(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        token: contextvars.Token[_Frame | None],
+    ) -> None:
+        """`_exit_async` with the token given: an integration that set the frame itself
+        (the ASGI middleware's exchange) keeps the token, not the scope."""
         timeout = self._timeout
         if timeout is None and self._canceller is None:  # never armed: most ASGI requests
-            self._exit()
+            _frame.reset(token)
             return
         try:
             if timeout is not None:
@@ -264,7 +256,7 @@ class scope:
             else:
                 fired = False
         finally:
-            self._exit()
+            _frame.reset(token)
         if fired:
             assert self._frame is not None
             raise _exceeded(self._frame) from None

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import threading
 import weakref
@@ -48,7 +49,8 @@ from . import _clock, _events, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
-from ._scope import _running_trio
+from ._scope import _Frame, _running_trio
+from ._scope import _frame as _frame_var
 from ._scope import scope as deadline_scope
 
 _get_ident = threading.get_ident
@@ -68,6 +70,7 @@ _PLAIN_CACHE_SIZE = 1024
 _OUR_HEADER = wire.HEADER.encode()
 _MAX_MS_DIGITS = 12  # as `wire.parse_ms`: longer is garbage, not a budget
 _NO_WAITERS: list[Any] = []  # shared empty list: never appended to
+_SEVERAL = (b"", b"")  # `__call__`'s scan saw more than one deadline header
 # A route's label, its limits, the budget without a header (less the reserve), the maximum.
 _Route = tuple[str, Limits, float, float]
 
@@ -135,111 +138,112 @@ class DeadlineMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run one ASGI connection scope; only ``http`` is handled, the rest pass through.
 
-        Answers 504 at once when the request arrived expired, else runs the app under
-        the deadline. The app is called here, not in a helper coroutine, and the scope
-        is entered and left as plain calls (``async with`` spelled out): one coroutine
-        of ours per request.
+        The straight line below is what nearly every request runs: its deadline header
+        read, its route's limits taken from the cache, the deadline set, the request
+        registered with the sweeper, the app awaited. What is rarer (several deadline
+        headers, a new route, an expired budget, trio, an error) is out of line. The app
+        is called here, not in a helper coroutine: one coroutine of ours per request.
         """
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = _clock.now()
-        found, expect = self._scan(scope)
-        route, limits_, budget, maximum = self._route(scope)
+        # The deadline headers, one set lookup each. One plain value of our header, seen
+        # before, is read here (every `deadlines` hop sends one); the rest by `_scan`.
+        known = self._known
+        first: tuple[bytes, bytes] | None = None
+        for pair in scope.get("headers") or ():
+            if pair[0] in known:
+                if first is not None:
+                    first = _SEVERAL
+                    break
+                first = pair
+        found: float | None = None
+        expect = False
+        if first is not None:
+            if first[0] == self._header_bytes:
+                found = self._plain.get(first[1])
+            if found is None:
+                found, expect = self._scan(scope)
+        if self._routed is None and scope.get("app") is not self._routes_app:
+            self._routes_app = scope.get("app")  # another app: its own routes
+            self._routes = {}
+        try:
+            route = self._routes[scope["method"], scope["path"]]
+        except KeyError:
+            route = self._route(scope)
+        label, limits_, budget, maximum = route
         if found is not None:
             budget = (found if found < maximum else maximum) - self._reserve
             if budget < 0.0:
                 budget = 0.0
         if _events._observers:
-            _events.emit(_events.RequestStarted(route, budget))
-        # The running loop and its sweeper: the last sweeper's loop while that runs in
-        # this thread (`_loop.running`'s test, inline; only a loop with a `_thread_id`
-        # is remembered, so it is read without getattr), else asked for.
+            _events.emit(_events.RequestStarted(label, budget))
+        # The running loop's sweeper: the last one's while its loop runs in this thread
+        # (`_loop.running`'s test, inline; only loops with a `_thread_id` are
+        # remembered), else asked for. None under trio or without a loop.
         sweeper = self._sweeper
-        if sweeper is not None and sweeper._loop._thread_id == _get_ident():  # type: ignore[attr-defined]
-            loop: asyncio.AbstractEventLoop | None = sweeper._loop
-        else:
+        if sweeper is None or sweeper._loop._thread_id != _get_ident():  # type: ignore[attr-defined]
             loop = _loop.running()
             sweeper = None if loop is None else self._sweeper_for(loop)
-        if loop is not None:
+        if sweeper is not None:
             exchange = _Exchange(self, receive, send, started)
         else:
             exchange = self._exchange_outside_asyncio(receive, send, started)
         if budget <= 0.0:
             await exchange._answer_timeout(found, limits_, budget)
-            exchange._finish(route, "budget_exhausted", budget)
+            exchange._finish(label, "budget_exhausted", budget)
             return
-        outcome: RequestOutcome = "error"
-        at = exchange._open(budget, started)
+        frame = _frame_var.get()
+        at = started + budget
+        if frame is None or at < frame.at:  # else an outer deadline binds
+            frame = _Frame(at, budget, started)
+        exchange._frame = frame
+        token = _frame_var.set(frame)
+        outcome: RequestOutcome = "ok"
         try:
-            try:
-                try:
-                    if sweeper is None:
-                        exchange._register(loop, expect)  # trio (or no loop: fails)
-                    else:
-                        # Registration with the sweeper, which arms the deadline and
-                        # starts the watcher when due; inline, as every request does it.
-                        # Most requests end within `watch_after` and never arm a timer;
-                        # a deadline that could pass before the sweeper comes round is
-                        # armed now.
-                        assert loop is not None
-                        exchange._host = host = _loop.current_task(loop)
-                        exchange._loop = loop
-                        if expect:  # "100 Continue" goes out on the app's first read
-                            exchange._may_read_ahead = False
-                        if host is None or at <= started + self._arm_within:
-                            exchange._arm(loop, host)  # without a task: fails as a scope
-                        else:
-                            exchange._deferred = True
-                        sweeper._pending[exchange] = started
-                        if sweeper._handle is None:
-                            sweeper._wake()
-                        exchange._sweeper = sweeper
-                    await self.app(scope, exchange.receive, exchange.send)
-                except BaseException as exc:
-                    exchange._exit_async(type(exc), exc)
-                    raise
-                exchange._exit_async(None, None)
-            except asyncio.CancelledError:
-                if not exchange._cancels:
-                    raise
-                exchange._uncancel()
-                assert exchange._host is not None
-                if exchange._host.cancelling():
-                    raise  # somebody else cancelled us too (server shutdown)
-                outcome = "caller_left"
-            except DeadlineExceeded:
-                if exchange.caller_left is None and not exchange.complete:
-                    raise
-                # Gone: the caller left; complete: only cleanup after the response was cut.
-                outcome = "caller_left" if exchange.caller_left is not None else "ok"
-            except Exception:
-                if exchange.caller_left is None:
-                    raise
-                # The app failed because its caller went away (a send or read on a
-                # closed connection; under trio, an exception group that held the
-                # cancellation): nobody is left to tell.
-                _log.debug("error after the caller left", exc_info=True)
+            if sweeper is not None:
+                # The sweeper arms the deadline and starts the watcher when the request
+                # is still running after `watch_after`; most end sooner and never touch
+                # a timer. A deadline that could pass before it comes round is armed now.
+                exchange._loop = loop = sweeper._loop
+                exchange._host = host = _loop.current_task(loop)
+                if expect:  # "100 Continue" goes out on the app's first read
+                    exchange._may_read_ahead = False
+                if host is None or frame.at <= started + self._arm_within:
+                    exchange._arm(loop, host)  # without a task: fails as a scope
+                sweeper._pending[exchange] = started
+                if sweeper._handle is None:
+                    sweeper._wake()
             else:
-                outcome = "ok"
+                exchange._register(expect)  # trio (or no loop: fails)
+            await self.app(scope, exchange.receive, exchange.send)
+        except BaseException as exc:
+            outcome, error = await exchange._failed(exc, token, found, limits_, budget)
+            if error is exc:
+                raise
+            if error is not None:
+                raise error from None  # the deadline passed after the response started
+        else:
+            if exchange._timeout is None and exchange._canceller is None:  # never armed
+                _frame_var.reset(token)
+            else:
+                exchange._leave(None, None, token)
             if exchange.caller_left is not None:
                 outcome = "caller_left"
                 await exchange._answer_gone()
-        except DeadlineExceeded as exc:
-            outcome = _inbound.deadline_outcome(exc)
-            if exchange.started:
-                raise  # the response is half out: let the server drop the connection
-            await exchange._answer_timeout(found, limits_, budget)
         finally:
             exchange._active = False
-            if exchange._sweeper is not None:
+            if sweeper is not None:
+                sweeper._pending.pop(exchange, None)
+            elif exchange._sweeper is not None:
                 exchange._sweeper._pending.pop(exchange, None)
             if exchange._pump is not None or exchange._cancels:
                 exchange._stop_watching()
             if _events._observers:
                 if exchange.caller_left is not None:
                     outcome = "caller_left"
-                exchange._finish(route, outcome, budget)
+                exchange._finish(label, outcome, budget)
 
     def _exchange_outside_asyncio(self, receive: Receive, send: Send, started: float) -> _Exchange:
         """Under trio, the trio exchange; with no loop at all, one that fails as a scope would."""
@@ -267,16 +271,12 @@ class DeadlineMiddleware:
         return sweeper
 
     def _route(self, scope: Scope) -> _Route:
-        """The route label, its limits, default budget and maximum, cached per method and path.
+        """A route `__call__` did not find in the cache: resolved, and kept there.
 
-        The cache holds one app's routes: it is refilled if requests come from another
-        (a middleware instance serves one app, in practice).
+        The cache, keyed on method and path, holds one app's routes (`__call__` empties
+        it when requests come from another: one middleware serves one app, in practice)
+        and at most `_ROUTE_CACHE_SIZE` of them.
         """
-        if self._routed is None:  # else the app is fixed, and with it the cache
-            app = scope.get("app")
-            if app is not self._routes_app:
-                self._routes_app = app
-                self._routes = {}
         try:
             key = (scope["method"], scope["path"])  # both required in an http scope
         except KeyError:
@@ -374,8 +374,10 @@ class DeadlineMiddleware:
 class _Exchange(deadline_scope):
     """One request: its deadline scope, the wrapped receive and send, the watcher, the outcome.
 
-    The exchange is the request's `deadlines.scope` (entered with `_open`, one object
-    less per request), armed at once or by the sweeper (`_register`).
+    The exchange is the request's `deadlines.scope`, one object less per request:
+    `__call__` sets its frame and keeps the token; it is armed at once, or by the
+    sweeper when the request is still running after `watch_after` (`_watch`), and left
+    with `_leave`.
     """
 
     # Most requests end before the watcher starts and never change most of this state:
@@ -393,9 +395,8 @@ class _Exchange(deadline_scope):
     _direct = 0
     _eof = False
     _host: asyncio.Task[Any] | None = None
-    _deferred = False  # the deadline's timer waits for the sweeper
     _loop: asyncio.AbstractEventLoop | None = None
-    _sweeper: _Sweeper | _TrioSweeper | None = None  # registered with, until the end
+    _sweeper: _TrioSweeper | None = None  # under trio: registered with, until the end
     _cancels = 0
     _active = True
     _may_read_ahead = True
@@ -405,6 +406,8 @@ class _Exchange(deadline_scope):
         self._receive = receive
         self._send = send
         self._started_at = started_at
+        self._timeout = None  # the scope's slots that `_arm` and `_leave` read
+        self._canceller = None
 
     @property
     def started(self) -> bool:
@@ -423,6 +426,50 @@ class _Exchange(deadline_scope):
         if kind == "http.response.trailers":
             return not last.get("more_trailers", False)
         return kind == "http.response.pathsend"
+
+    async def _failed(
+        self,
+        exc: BaseException,
+        token: contextvars.Token[_Frame | None],
+        found: float | None,
+        limits_: Limits,
+        budget: float,
+    ) -> tuple[RequestOutcome, BaseException | None]:
+        """The app raised `exc`: leave the deadline, answer if we can, settle the outcome.
+
+        Returns the request's outcome and what `__call__` raises: `exc` when it is not
+        ours to handle, the `DeadlineExceeded` when the deadline passed after the
+        response had started (the server then drops the connection), else None.
+        """
+        try:
+            self._leave(type(exc), exc, token)
+        except DeadlineExceeded as fired:  # our own timer ended the app
+            exc = fired
+        if isinstance(exc, asyncio.CancelledError):
+            if not self._cancels:
+                return "error", exc
+            self._uncancel()
+            assert self._host is not None
+            if self._host.cancelling():
+                return "error", exc  # somebody else cancelled us too (server shutdown)
+        elif isinstance(exc, DeadlineExceeded):
+            if self.caller_left is None and not self.complete:
+                outcome = _inbound.deadline_outcome(exc)
+                if self.started:
+                    return outcome, exc
+                await self._answer_timeout(found, limits_, budget)
+                return outcome, None
+            if self.caller_left is None:
+                return "ok", None  # only cleanup, cut after the response was complete
+        elif isinstance(exc, Exception) and self.caller_left is not None:
+            # The app failed because its caller went away (a send or read on a closed
+            # connection; under trio, an exception group that held the cancellation):
+            # nobody is left to tell.
+            _log.debug("error after the caller left", exc_info=exc)
+        else:
+            return "error", exc
+        await self._answer_gone()
+        return "caller_left", None
 
     async def _answer_timeout(self, found: float | None, limits_: Limits, budget: float) -> None:
         body = _inbound.timeout_body(
@@ -460,13 +507,13 @@ class _Exchange(deadline_scope):
 
     # Watching for the caller leaving.
 
-    def _register(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
+    def _register(self, expect_continue: bool) -> None:
         """Without a running asyncio loop or trio: fail as a `deadlines.scope` would.
 
-        (Under asyncio the middleware registers with the sweeper inline; `_TrioExchange`
+        (Under asyncio `__call__` registers with the sweeper inline; `_TrioExchange`
         registers with trio's.)
         """
-        self._arm(loop, None if loop is None else _loop.current_task(loop))
+        self._arm(None, None)
 
     def _stop_watching(self) -> None:
         """The request ended while watched: stop the watcher, take back our cancellations."""
@@ -477,8 +524,7 @@ class _Exchange(deadline_scope):
 
     def _watch(self) -> None:
         """Due at `watch_after`: arm the deadline if it waited, and start the watcher."""
-        if self._deferred:
-            self._deferred = False
+        if self._timeout is None:  # not armed on arrival: the deadline was far
             self._arm(self._loop, self._host)
         self._start_pump()
 
@@ -665,7 +711,7 @@ class _TrioExchange(_Exchange):
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
 
-    def _register(self, loop: asyncio.AbstractEventLoop | None, expect_continue: bool) -> None:
+    def _register(self, expect_continue: bool) -> None:
         """Register with the trio sweeper, then arm the deadline at once (a trio CancelScope).
 
         The caller leaving cancels the deadline's own CancelScope (one scope per
