@@ -213,7 +213,7 @@ class scope:
     def _arm(self, loop: asyncio.AbstractEventLoop | None, task: asyncio.Task[Any] | None) -> None:
         """Arm the cancellation of an entered scope that has a deadline.
 
-        `_enter_async` arms at once. An integration may enter with `_enter` and arm
+        `_enter_async` arms at once. An integration that sets the frame itself may arm
         later, from a loop callback with the request's `task`, while the deadline is
         still far: the ASGI middleware arms only requests still running after
         `watch_after`, so that the many that end sooner never touch a timer.
