@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -110,6 +111,11 @@ def starlette_app(record: Record, *, base_http: str | None = None, **options: An
 
         return StreamingResponse(chunks())
 
+    async def after(request: Request) -> Response:
+        """A complete response, then background work that outlives the deadline."""
+        key = request.query_params["id"]
+        return Response("done", background=BackgroundTask(sleep_recorded, record, key, 10.0))
+
     async def poll(request: Request) -> JSONResponse:
         polls = 0
         for _ in range(20):
@@ -133,6 +139,7 @@ def starlette_app(record: Record, *, base_http: str | None = None, **options: An
         Route("/echo", echo, methods=["POST"]),
         Route("/stream", stream),
         Route("/stall", stall),
+        Route("/after", after),
         Route("/report", report),
         Route("/poll", poll),
         Route("/items/{item_id}", item),

@@ -163,6 +163,49 @@ def test_deadline_after_response_started_drops_connection(
     assert events.wait_finished(1)[0].outcome == "deadline"
 
 
+def test_deadline_after_response_complete_cuts_background_work_only(
+    base: str, record: Record, events: Events
+) -> None:
+    """Work left after a complete response is cut at the deadline; the exchange ends "ok".
+
+    The client has its whole answer, and the connection serves the next request: the
+    server was not handed an error for a response that went out in full.
+    """
+    rid = key()
+    port = httpx.URL(base).port
+    head = "GET {} HTTP/1.1\r\nHost: 127.0.0.1\r\nx-request-timeout-ms: 300\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=5.0) as sock:
+        sent = time.monotonic()
+        sock.sendall(head.format(f"/after?id={rid}").encode())
+        first = read_response(sock)
+        assert first.startswith(b"HTTP/1.1 200") and first.endswith(b"done")
+        cancelled = record.wait(rid, "cancelled")
+        assert 0.2 <= cancelled - sent < 1.5  # the 250 ms budget, not the 10 s sleep
+        assert events.wait_finished(1)[0].outcome == "ok"
+        sock.sendall(head.format("/info").encode())  # the same connection, kept alive
+        assert read_response(sock).startswith(b"HTTP/1.1 200")
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response with a content-length from `sock`."""
+    data = b""
+    while b"\r\n\r\n" not in data or not _has_body(data):
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {data!r}"
+        data += chunk
+    return data
+
+
+def _has_body(data: bytes) -> bool:
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    return len(body) >= length
+
+
 @pytest.mark.parametrize("server", ["base", "eager"])
 def test_caller_left_cancels_handler(
     server: str, request: pytest.FixtureRequest, record: Record, events: Events
