@@ -225,10 +225,7 @@ class DeadlineMiddleware:
             if error is not None:
                 raise error from None  # the deadline passed after the response started
         else:
-            if exchange._timeout is None and exchange._canceller is None:  # never armed
-                _frame_var.reset(token)
-            else:
-                exchange._leave(None, None, token)
+            exchange._leave(None, None, token)
             if exchange.caller_left is not None:
                 outcome = "caller_left"
                 await exchange._answer_gone()
