@@ -187,6 +187,16 @@ def raw_request(port: int, data: bytes, *, timeout: float = 5.0) -> bytes:
         return b"".join(chunks)
 
 
+def read_response(sock: socket.socket) -> bytes:
+    """One whole response with a content-length from `sock`, which stays open for more."""
+    data = b""
+    while not _complete(data):
+        chunk = sock.recv(65536)
+        assert chunk, f"the server closed the connection after {data!r}"
+        data += chunk
+    return data
+
+
 def _complete(data: bytes) -> bool:
     head, _, body = data.partition(b"\r\n\r\n")
     for line in head.split(b"\r\n"):

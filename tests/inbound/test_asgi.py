@@ -18,7 +18,14 @@ import deadlines
 from deadlines.asgi import DeadlineMiddleware, Limits
 
 from .apps import Record, fastapi_app, starlette_app
-from .conftest import Events, raw_request, serve_hypercorn, serve_uvicorn, status_of
+from .conftest import (
+    Events,
+    raw_request,
+    read_response,
+    serve_hypercorn,
+    serve_uvicorn,
+    status_of,
+)
 
 pytestmark = pytest.mark.realtime
 
@@ -184,26 +191,6 @@ def test_deadline_after_response_complete_cuts_background_work_only(
         assert events.wait_finished(1)[0].outcome == "ok"
         sock.sendall(head.format("/info").encode())  # the same connection, kept alive
         assert read_response(sock).startswith(b"HTTP/1.1 200")
-
-
-def read_response(sock: socket.socket) -> bytes:
-    """One whole response with a content-length from `sock`."""
-    data = b""
-    while b"\r\n\r\n" not in data or not _has_body(data):
-        chunk = sock.recv(65536)
-        assert chunk, f"the server closed the connection after {data!r}"
-        data += chunk
-    return data
-
-
-def _has_body(data: bytes) -> bool:
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        int(line.split(b":", 1)[1])
-        for line in head.split(b"\r\n")
-        if line.lower().startswith(b"content-length:")
-    )
-    return len(body) >= length
 
 
 @pytest.mark.parametrize("server", ["base", "eager"])
