@@ -39,7 +39,6 @@ import contextlib
 import contextvars
 import logging
 import threading
-import weakref
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from datetime import timedelta
@@ -71,6 +70,8 @@ _OUR_HEADER = wire.HEADER.encode()
 _MAX_MS_DIGITS = 12  # as `wire.parse_ms`: longer is garbage, not a budget
 _NO_WAITERS: list[Any] = []  # shared empty list: never appended to
 _SEVERAL = (b"", b"")  # `__call__`'s scan saw more than one deadline header
+# Messages an app may send before its response starts (103 Early Hints; TestClient's).
+_BEFORE_START = frozenset({"http.response.early_hint", "http.response.debug"})
 # A route's label, its limits, the budget without a header (less the reserve), the maximum.
 _Route = tuple[str, Limits, float, float]
 
@@ -128,10 +129,13 @@ class DeadlineMiddleware:
         # The app's routes, if it has them itself; else each request's ``scope["app"]``.
         self._routed = app if _routes_of(app) is not None else None
         self._routes_app: object = self._routed  # the app `_routes` is for (fixed if routed)
-        self._routes: dict[tuple[str, str], _Route] = {}
-        self._sweepers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Sweeper] = (
-            weakref.WeakKeyDictionary()
-        )
+        # Keyed on (method, path), or for an app that routes by host on (method, path,
+        # Host header): `__call__`'s lookup on the pair then always misses to `_route`.
+        self._routes: dict[tuple[str, ...], _Route] = {}
+        self._by_host: bool | None = None  # whether `_routes_app` routes by host; None: unknown
+        # A sweeper holds its loop (every request reads it), so weak keys would never let
+        # go: closed loops are forgotten instead, when the next new loop arrives.
+        self._sweepers: dict[asyncio.AbstractEventLoop, _Sweeper] = {}
         self._sweeper: _Sweeper | None = None  # the last one asked for (loops with `_thread_id`)
         self._trio_sweepers: Any = None  # a trio RunVar, made by the first request under trio
 
@@ -168,6 +172,7 @@ class DeadlineMiddleware:
         if self._routed is None and scope.get("app") is not self._routes_app:
             self._routes_app = scope.get("app")  # another app: its own routes
             self._routes = {}
+            self._by_host = None
         try:
             route = self._routes[scope["method"], scope["path"]]
         except KeyError:
@@ -191,8 +196,10 @@ class DeadlineMiddleware:
         else:
             exchange = self._exchange_outside_asyncio(receive, send, started)
         if budget <= 0.0:
-            await exchange._answer_timeout(found, limits_, budget)
-            exchange._finish(label, "budget_exhausted", budget)
+            try:
+                await exchange._answer_timeout(found, limits_, budget)
+            finally:
+                exchange._finish(label, "budget_exhausted", budget)
             return
         frame = _frame_var.get()
         at = started + budget
@@ -219,18 +226,19 @@ class DeadlineMiddleware:
                 exchange._register(expect)  # trio (or no loop: fails)
             await self.app(scope, exchange.receive, exchange.send)
         except BaseException as exc:
+            outcome = "error"  # should settling it fail too
             outcome, error = await exchange._failed(exc, token, found, limits_, budget)
             if error is exc:
                 raise
             if error is not None:
                 raise error from None  # the deadline passed after the response started
         else:
+            exchange._active = False  # before any await: see `_failed`
             exchange._leave(None, None, token)
             if exchange.caller_left is not None:
                 outcome = "caller_left"
                 await exchange._answer_gone()
         finally:
-            exchange._active = False
             if sweeper is not None:
                 sweeper._pending.pop(exchange, None)
             elif exchange._sweeper is not None:
@@ -252,6 +260,10 @@ class DeadlineMiddleware:
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
         sweeper = self._sweepers.get(loop)
         if sweeper is None:
+            for old, gone in list(self._sweepers.items()):  # a snapshot: threads share it
+                if old.is_closed():
+                    gone._close()
+                    self._sweepers.pop(old, None)
             sweeper = self._sweepers[loop] = _Sweeper(loop, self._watch_after)
         if hasattr(loop, "_thread_id"):  # asyncio's own loops; uvloop's are asked each time
             self._sweeper = sweeper
@@ -272,15 +284,20 @@ class DeadlineMiddleware:
 
         The cache, keyed on method and path, holds one app's routes (`__call__` empties
         it when requests come from another: one middleware serves one app, in practice)
-        and at most `_ROUTE_CACHE_SIZE` of them.
+        and at most `_ROUTE_CACHE_SIZE` of them. An app that routes by host (Starlette's
+        `Host`) has its routes cached under the Host header as well.
         """
         try:
-            key = (scope["method"], scope["path"])  # both required in an http scope
+            method, path = scope["method"], scope["path"]  # both required in an http scope
         except KeyError:
-            key = (scope.get("method", "GET"), scope.get("path", "/"))
+            method, path = scope.get("method", "GET"), scope.get("path", "/")
+        by_host = self._by_host
+        if by_host is None:
+            by_host = self._by_host = _routes_by_host(self._routes_app)
+        key: tuple[str, ...] = (method, path, _host_of(scope)) if by_host else (method, path)
         found = self._routes.get(key)
         if found is None:
-            found = self._resolve(self._routes_app, scope, *key)
+            found = self._resolve(self._routes_app, scope, method, path)
             if len(self._routes) >= _ROUTE_CACHE_SIZE:
                 self._routes.clear()
             self._routes[key] = found
@@ -408,8 +425,9 @@ class _Exchange(deadline_scope):
 
     @property
     def started(self) -> bool:
-        """The response has started: the app sent its first message."""
-        return self._last is not None
+        """The response has started: the app sent its start (hints and debug don't count)."""
+        last = self._last
+        return last is not None and last["type"] not in _BEFORE_START
 
     @property
     def complete(self) -> bool:
@@ -438,10 +456,15 @@ class _Exchange(deadline_scope):
         ours to handle, the `DeadlineExceeded` when the deadline passed after the
         response had started (the server then drops the connection), else None.
         """
+        # The app is done: from here on neither the sweeper (`_watch`) nor a caller-left
+        # cancellation already queued (`_cancel_host`) may touch the task, which goes on
+        # to answer and then to whatever called us.
+        self._active = False
+        ours = False
         try:
             self._leave(type(exc), exc, token)
         except DeadlineExceeded as fired:  # our own timer ended the app
-            exc = fired
+            exc, ours = fired, True
         if isinstance(exc, asyncio.CancelledError):
             if not self._cancels:
                 return "error", exc
@@ -457,7 +480,9 @@ class _Exchange(deadline_scope):
                 await self._answer_timeout(found, limits_, budget)
                 return outcome, None
             if self.caller_left is None:
-                return "ok", None  # only cleanup, cut after the response was complete
+                # After a complete response our timer cut only cleanup; a deadline error
+                # the app raised itself there is its own, raised as any other would be.
+                return ("ok", None) if ours else ("error", exc)
         elif isinstance(exc, Exception) and self.caller_left is not None:
             # The app failed because its caller went away (a send or read on a closed
             # connection; under trio, an exception group that held the cancellation):
@@ -476,14 +501,16 @@ class _Exchange(deadline_scope):
         )
         end: Message = {"type": "http.response.body", "body": body, "more_body": False}
         self._last = end
-        await self._send(
-            {
-                "type": "http.response.start",
-                "status": 504,
-                "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
-            }
-        )
-        await self._send(end)
+        start: Message = {
+            "type": "http.response.start",
+            "status": 504,
+            "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
+        }
+        try:
+            await self._send(start)
+            await self._send(end)
+        except OSError:  # ASGI 2.4: the connection is closed; nobody is left to tell
+            pass
 
     async def _answer_gone(self) -> None:
         """Complete the exchange for outer middlewares; the server drops the bytes."""
@@ -521,6 +548,8 @@ class _Exchange(deadline_scope):
 
     def _watch(self) -> None:
         """Due at `watch_after`: arm the deadline if it waited, and start the watcher."""
+        if not self._active:  # the app is done; the request is answering on its way out
+            return
         if self._timeout is None:  # not armed on arrival: the deadline was far
             self._arm(self._loop, self._host)
         self._start_pump()
@@ -672,6 +701,13 @@ class _Sweeper:
         self._pending: dict[_Exchange, float] = {}  # insertion order = arrival order
         self._handle: asyncio.TimerHandle | None = None
 
+    def _close(self) -> None:
+        """Its loop is closed: let go of what it scheduled there."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._pending.clear()
+
     def _wake(self) -> None:
         """Come round `after` from now: the first request since the sweeper was idle."""
         self._handle = self._loop.call_later(self._after, self._sweep)
@@ -809,6 +845,28 @@ def _routes_of(app: Any) -> list[Any] | None:
     router = getattr(app, "router", app)
     routes = getattr(router, "routes", None)
     return routes if isinstance(routes, list) else None
+
+
+def _routes_by_host(app: Any, depth: int = 0) -> bool:
+    """Whether a Starlette-like app's routing depends on more than method and path.
+
+    Routes that match on a path have one (`Route`, `Mount`, FastAPI's); one without
+    (`Host`, or a custom route) may match on anything, the Host header for `Host`.
+    """
+    for route in _routes_of(app) or ():
+        if not isinstance(getattr(route, "path", None), str):
+            return True
+        if depth < 3 and _routes_of(route) is not None and _routes_by_host(route, depth + 1):
+            return True
+    return False
+
+
+def _host_of(scope: Scope) -> str:
+    """The request's Host header, as the route cache's key for host-routed apps."""
+    for name, value in scope.get("headers") or ():
+        if name == b"host":
+            return str(value.decode("latin-1"))
+    return ""
 
 
 def _match_framework_route(
