@@ -152,6 +152,8 @@ class _LoopClock:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weak: the clocks dictionary is keyed by the loop and must not keep it alive.
+        # (A pending `_handle`, and a live entry's task, still lead back to the loop:
+        # `_forget_closed` drops those clocks once their loop is closed.)
         self._loop = weakref.ref(loop)
         self._heap: list[list[Any]] = []
         self._live = 0
@@ -213,7 +215,21 @@ class _LoopClock:
             self._live -= 1
             timeout._fire()
 
+    def _stop(self) -> None:
+        """The loop is closed: let go of its timer and of the tasks in the heap."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._heap = []
+        self._live = self._dead = 0
 
+
+# Weak keys alone do not free a loop: a clock's pending timer handle (and a live entry's
+# task) refers to its loop, so an entry whose block was left before it fired would keep
+# the loop for good. A loop not seen before therefore first clears out the clocks of
+# closed loops. Until a new loop comes along, the last one seen stays referenced even
+# once closed (by its entry and by `_recent`): one loop at most, and the fast path
+# stays a single check.
 _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClock] = (
     weakref.WeakKeyDictionary()
 )
@@ -232,6 +248,19 @@ def _clock_for(loop: asyncio.AbstractEventLoop) -> _LoopClock:
     with _clocks_lock:
         clock = _clocks.get(loop)
         if clock is None:
+            _forget_closed()
             clock = _clocks[loop] = _LoopClock(loop)
     _recent = clock
     return clock
+
+
+def _forget_closed() -> None:
+    """Drop the clocks of closed loops (with `_clocks_lock` held).
+
+    Only closed loops: nothing runs on them any more, so their clocks can be dropped
+    from any thread. The clocks of loops still running elsewhere are left alone.
+    """
+    for loop, clock in list(_clocks.items()):
+        if loop.is_closed():
+            del _clocks[loop]
+            clock._stop()

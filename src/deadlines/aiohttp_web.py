@@ -22,7 +22,6 @@ aiohttp clears when the connection is lost.
 from __future__ import annotations
 
 import asyncio
-import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -75,9 +74,11 @@ class DeadlineMiddleware:
         self._header = _inbound.header_name(header)
         self._names = (self._header, wire.GRPC_HEADER, wire.ENVOY_HEADER)
         self._watch_every = _validate.seconds(watch_every, "watch_every", allow_zero=False)
-        self._pollers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Poller] = (
-            weakref.WeakKeyDictionary()
-        )
+        # A plain dict: each poller holds its loop (for the request path's `call_later`),
+        # so weak keys would never let go anyway. A loop not seen before first clears out
+        # the pollers of closed loops; until a new loop comes along, the last one seen
+        # stays referenced even once closed (here and in `_last`): one loop at most.
+        self._pollers: dict[asyncio.AbstractEventLoop, _Poller] = {}
         self._last: tuple[asyncio.AbstractEventLoop | None, _Poller | None] = (None, None)
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -124,9 +125,17 @@ class DeadlineMiddleware:
             return last
         poller = self._pollers.get(loop)
         if poller is None:
+            self._forget_closed()
             poller = self._pollers[loop] = _Poller(loop, self._watch_every)
         self._last = (loop, poller)
         return poller
+
+    def _forget_closed(self) -> None:
+        """Drop the pollers of closed loops (nothing runs on them any more)."""
+        for loop, poller in list(self._pollers.items()):  # a copy: other threads may add
+            if loop.is_closed():
+                self._pollers.pop(loop, None)
+                poller.stop()
 
     def _route(self, request: web.Request) -> tuple[str, Limits]:
         route = request.match_info.route
@@ -174,6 +183,13 @@ class _Poller:
 
     def discard(self, watch: _Watch) -> None:
         self._watches.pop(watch, None)
+
+    def stop(self) -> None:
+        """The loop is closed: let go of its timer and of the requests it was watching."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._watches.clear()
 
     def _check(self) -> None:
         """Timer callback: cancel the handlers whose connection is gone, look again later."""
