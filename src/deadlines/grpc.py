@@ -114,11 +114,9 @@ class _Rpc:
     def budget(self, context: Any) -> float:
         """min(time_remaining, metadata header, maximum) or default, minus reserve."""
         left = context.time_remaining()
-        found = [
-            value
-            for value in (left, self.header)
-            if value is not None and math.isfinite(value) and value < _validate.ABSURD_SECONDS
-        ]
+        # However long a caller asks for (a year, `inf`), the maximum caps it, as
+        # `wire.inbound_budget` caps a header: more than the maximum is the maximum.
+        found = [v for v in (left, self.header) if v is not None and not math.isnan(v)]
         chosen = self.limits.default if not found else min(min(found), self.limits.maximum)
         return max(0.0, chosen - self.reserve)
 

@@ -141,6 +141,10 @@ async def test_time_remaining_becomes_the_deadline(rig: Rig) -> None:
     assert seen["remaining"] < seen["time_remaining"]
     capped = await remaining_of(rig.plain_call("Remaining"), timeout=60)
     assert 1.5 < capped["remaining"] <= 1.95
+    a_year = 400 * 86400.0  # far past any sane deadline: still capped, not ignored
+    for asked in ({"timeout": a_year}, {"metadata": ((wire.HEADER, "999999999999"),)}):
+        capped = await remaining_of(rig.plain_call("Remaining"), **asked)
+        assert 1.5 < capped["remaining"] <= 1.95
 
 
 async def test_no_caller_deadline_uses_default(rig: Rig) -> None:
