@@ -82,7 +82,11 @@ class DeadlineMiddleware:
         self._last: tuple[asyncio.AbstractEventLoop | None, _Poller | None] = (None, None)
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Run `handler` under the request's deadline."""
+        """Run `handler` under the request's deadline (WebSocket upgrades pass through)."""
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            # A WebSocket session outlives any request budget (ASGI's websocket scopes
+            # pass through the same way); browsers cannot even send a deadline header.
+            return await handler(request)
         started = _clock.now()
         route, limits_ = self._route(request)
         getall = request.headers.getall
@@ -105,6 +109,11 @@ class DeadlineMiddleware:
             except asyncio.CancelledError:
                 if watch.caller_left is not None:
                     outcome = "caller_left"
+                raise
+            except web.HTTPException as exc:
+                # aiohttp's way to answer (a redirect, a 404): a response, not a failure,
+                # unless it is a server error.
+                outcome = "ok" if exc.status < 500 else "error"
                 raise
             except DeadlineExceeded as exc:
                 outcome = _inbound.deadline_outcome(exc)

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import aiohttp
 import httpx
 import pytest
 from aiohttp import web
@@ -48,6 +49,19 @@ def build(record: Record) -> web.Application:
     async def report(request: web.Request) -> web.Response:
         return web.json_response({"remaining": deadlines.remaining()})
 
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/info")
+
+    async def broken(request: web.Request) -> web.Response:
+        raise web.HTTPServiceUnavailable()
+
+    async def chat(request: web.Request) -> web.WebSocketResponse:
+        socket = web.WebSocketResponse()
+        await socket.prepare(request)
+        async for message in socket:
+            await socket.send_str(f"{message.data}:{deadlines.current() is None}")
+        return socket
+
     middleware = DeadlineMiddleware(
         default=1.0, maximum=2.0, routes={"/bulk/*": Limits(default=3.0, maximum=4.0)}
     )
@@ -59,6 +73,9 @@ def build(record: Record) -> web.Application:
     app.router.add_post("/echo", echo)
     app.router.add_get("/stall", stall)
     app.router.add_get("/report", report)
+    app.router.add_get("/moved", moved)
+    app.router.add_get("/broken", broken)
+    app.router.add_get("/chat", chat)
     return app
 
 
@@ -163,3 +180,28 @@ async def test_scope_unaffected_outside_requests() -> None:
     """Outside a request there is no deadline (the middleware leaks nothing)."""
     await asyncio.sleep(0)
     assert deadlines.current() is None
+
+
+def test_http_exceptions_are_answers(url: str, events: Events) -> None:
+    """A redirect or a 404 raised as aiohttp's HTTPException ends "ok"; a 503 "error"."""
+    assert httpx.get(f"{url}/moved", timeout=5).status_code == 302
+    assert httpx.get(f"{url}/nowhere", timeout=5).status_code == 404
+    assert httpx.get(f"{url}/broken", timeout=5).status_code == 503
+    outcomes = [(e.route, e.outcome) for e in events.wait_finished(3)]
+    assert outcomes == [("/moved", "ok"), ("*", "ok"), ("/broken", "error")]
+
+
+def test_websocket_outlives_the_request_budget(url: str) -> None:
+    """A WebSocket session is not a request under a deadline: it passes through and lives
+    past the route's 1 s default."""
+
+    async def chat() -> list[str]:
+        async with aiohttp.ClientSession() as session, session.ws_connect(f"{url}/chat") as ws:
+            await ws.send_str("first")
+            answers = [await ws.receive_str(timeout=5)]
+            await asyncio.sleep(1.3)
+            await ws.send_str("later")
+            answers.append(await ws.receive_str(timeout=5))
+            return answers
+
+    assert asyncio.run(chat()) == ["first:True", "later:True"]
