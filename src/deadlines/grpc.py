@@ -133,6 +133,7 @@ class _Rpc:
                     await context.abort(
                         grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded on arrival"
                     )
+                result: Any = None
                 try:
                     async with deadline_scope(budget):
                         result = behavior(request, context)
@@ -146,12 +147,27 @@ class _Rpc:
                             answer = await result
                 except DeadlineExceeded as exc:
                     outcome = _inbound.deadline_outcome(exc)
-                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+                    if not streams_out:
+                        await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+                    # A streaming reply may be stuck behind flow control (a caller that
+                    # reads slowly or not at all): the deadline cancels the blocked
+                    # `context.write`, but `context.abort` then waits to send its status
+                    # behind the queued messages -- until the caller reads or its own
+                    # deadline passes. Setting the status and returning ends the handler
+                    # now; grpc.aio sends DEADLINE_EXCEEDED after the queued messages,
+                    # as abort would have.
+                    context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+                    context.set_details(str(exc))
+                    return None
                 except asyncio.CancelledError:
                     # Our own deadline arrives as DeadlineExceeded; grpc.aio cancels the
                     # handler when the caller cancels or goes away (or at server stop).
                     outcome = "caller_left"
                     raise
+                finally:
+                    if inspect.isasyncgen(result):
+                        # Run the app's `finally` now, not when the generator is collected.
+                        await result.aclose()
                 outcome = "ok"
                 return answer
             finally:

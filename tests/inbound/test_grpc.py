@@ -41,6 +41,7 @@ class Service:
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
         self.cancelled: list[str] = []
+        self.closed: list[float] = []  # when Flood's generator ran its `finally`
         self.http_url = ""
 
     def _count(self, name: str) -> None:
@@ -67,6 +68,16 @@ class Service:
             await asyncio.sleep(0.05)
             yield f"{i}:{deadlines.remaining():.3f}".encode()
 
+    async def flood(
+        self, request: bytes, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        """1 MiB messages, far more than flow control lets through to a caller not reading."""
+        try:
+            for _ in range(1000):
+                yield b"x" * (1 << 20)
+        finally:
+            self.closed.append(time.monotonic())
+
     async def via_http(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         """A gRPC handler calling an HTTP service with the remaining budget."""
         async with httpx.AsyncClient(timeout=deadlines.remaining(), verify=False) as client:
@@ -83,6 +94,7 @@ class Service:
                 "Slow": grpc.unary_unary_rpc_method_handler(self.slow),
                 "Short": grpc.unary_unary_rpc_method_handler(self.slow),
                 "Ticks": grpc.unary_stream_rpc_method_handler(self.ticks),
+                "Flood": grpc.unary_stream_rpc_method_handler(self.flood),
                 "ViaHttp": grpc.unary_unary_rpc_method_handler(self.via_http),
             },
         )
@@ -108,7 +120,10 @@ async def rig() -> AsyncIterator[Rig]:
     interceptor = DeadlineInterceptor(
         default=1.0,
         maximum=2.0,
-        routes={f"/{SERVICE}/Short": Limits(default=0.3, maximum=0.3)},
+        routes={
+            f"/{SERVICE}/Short": Limits(default=0.3, maximum=0.3),
+            f"/{SERVICE}/Flood": Limits(default=0.3, maximum=0.3),
+        },
     )
     server = grpc.aio.server(interceptors=[interceptor])
     server.add_generic_rpc_handlers((service.handler(),))
@@ -207,6 +222,33 @@ async def test_streaming_handler_under_deadline(rig: Rig) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as info:
         _ = [item async for item in call(b"100", timeout=0.3)]
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+async def test_stream_to_a_caller_not_reading_ends_at_the_deadline(
+    rig: Rig, events: Events
+) -> None:
+    """Flow control blocks the writes: the deadline still ends the handler, not the caller.
+
+    The caller does not read for 1.5 s (its own timeout is 10 s); the method's 0.3 s
+    deadline closes the app's generator and finishes the request long before that, and
+    the caller, reading at last, gets the queued messages and then DEADLINE_EXCEEDED.
+    """
+    begin = time.monotonic()
+    call = rig.plain.unary_stream(f"/{SERVICE}/Flood")(b"", timeout=10)
+    await asyncio.sleep(1.5)
+    assert rig.service.closed, "the generator was not closed at the deadline"
+    assert rig.service.closed[0] - begin < 1.0
+    finished = events.finished(f"/{SERVICE}/Flood")
+    assert [f.outcome for f in finished] == ["deadline"]
+    assert finished[0].duration < 1.0
+    received = 0
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        async for _ in call:
+            received += 1
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "deadline exceeded after" in (info.value.details() or "")
+    assert received < 1000
+    assert time.monotonic() - begin < 5.0  # well before the caller's own 10 s timeout
 
 
 async def test_client_forwards_remaining_time(rig: Rig) -> None:
