@@ -499,27 +499,20 @@ class _Exchange(deadline_scope):
             budget=budget,
             elapsed=_clock.now() - self._started_at,
         )
-        end: Message = {"type": "http.response.body", "body": body, "more_body": False}
-        self._last = end
-        start: Message = {
-            "type": "http.response.start",
-            "status": 504,
-            "headers": [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())],
-        }
-        try:
-            await self._send(start)
-            await self._send(end)
-        except OSError:  # ASGI 2.4: the connection is closed; nobody is left to tell
-            pass
+        headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+        await self._answer(504, headers, body)
 
     async def _answer_gone(self) -> None:
         """Complete the exchange for outer middlewares; the server drops the bytes."""
-        if self.started:
-            return
-        end: Message = {"type": "http.response.body", "body": b"", "more_body": False}
+        if not self.started:
+            await self._answer(499, [], b"")
+
+    async def _answer(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+        """Send a whole response of our own; a caller already gone is nobody to tell."""
+        end: Message = {"type": "http.response.body", "body": body, "more_body": False}
         self._last = end
         try:
-            await self._send({"type": "http.response.start", "status": 499, "headers": []})
+            await self._send({"type": "http.response.start", "status": status, "headers": headers})
             await self._send(end)
         except OSError:  # ASGI 2.4: send on a closed connection raises an OSError
             pass
