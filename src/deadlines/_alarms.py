@@ -153,7 +153,7 @@ class _LoopClock:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weak: the clocks dictionary is keyed by the loop and must not keep it alive.
         # (A pending `_handle`, and a live entry's task, still lead back to the loop:
-        # `_forget_closed` drops those clocks once their loop is closed.)
+        # `_clock_for` drops those clocks once their loop is closed.)
         self._loop = weakref.ref(loop)
         self._heap: list[list[Any]] = []
         self._live = 0
@@ -215,7 +215,7 @@ class _LoopClock:
             self._live -= 1
             timeout._fire()
 
-    def _stop(self) -> None:
+    def close(self) -> None:
         """The loop is closed: let go of its timer and of the tasks in the heap."""
         if self._handle is not None:
             self._handle.cancel()
@@ -248,19 +248,7 @@ def _clock_for(loop: asyncio.AbstractEventLoop) -> _LoopClock:
     with _clocks_lock:
         clock = _clocks.get(loop)
         if clock is None:
-            _forget_closed()
+            _loop.forget_closed(_clocks, _LoopClock.close)
             clock = _clocks[loop] = _LoopClock(loop)
     _recent = clock
     return clock
-
-
-def _forget_closed() -> None:
-    """Drop the clocks of closed loops (with `_clocks_lock` held).
-
-    Only closed loops: nothing runs on them any more, so their clocks can be dropped
-    from any thread. The clocks of loops still running elsewhere are left alone.
-    """
-    for loop, clock in list(_clocks.items()):
-        if loop.is_closed():
-            del _clocks[loop]
-            clock._stop()

@@ -18,8 +18,10 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, MutableMapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _recent: weakref.ref[asyncio.AbstractEventLoop] | None = None
 _get_ident = threading.get_ident
@@ -48,6 +50,22 @@ else:
     # that `asyncio.Task` keeps in C, and every request and call asks: ask the table
     # itself. (3.12 made `current_task` C.)
     current_task = asyncio.tasks._current_tasks.get  # type: ignore[attr-defined]
+
+
+def forget_closed(
+    registry: MutableMapping[asyncio.AbstractEventLoop, T], close: Callable[[T], None]
+) -> None:
+    """Drop the entries of closed loops from a per-loop registry, closing each.
+
+    Per-loop state (a timer heap, a poller, a sweeper) refers back to its loop through
+    its pending timer, so weak keys alone never free the loop: a registry calls this when
+    it meets a loop it has not seen. It reads a snapshot, since threads running loops of
+    their own share the registry; the loops still running are left alone.
+    """
+    for loop, entry in list(registry.items()):
+        if loop.is_closed():
+            registry.pop(loop, None)
+            close(entry)
 
 
 def _forget() -> None:

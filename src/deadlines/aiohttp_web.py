@@ -134,17 +134,10 @@ class DeadlineMiddleware:
             return last
         poller = self._pollers.get(loop)
         if poller is None:
-            self._forget_closed()
+            _loop.forget_closed(self._pollers, _Poller.close)
             poller = self._pollers[loop] = _Poller(loop, self._watch_every)
         self._last = (loop, poller)
         return poller
-
-    def _forget_closed(self) -> None:
-        """Drop the pollers of closed loops (nothing runs on them any more)."""
-        for loop, poller in list(self._pollers.items()):  # a copy: other threads may add
-            if loop.is_closed():
-                self._pollers.pop(loop, None)
-                poller.stop()
 
     def _route(self, request: web.Request) -> tuple[str, Limits]:
         route = request.match_info.route
@@ -193,7 +186,7 @@ class _Poller:
     def discard(self, watch: _Watch) -> None:
         self._watches.pop(watch, None)
 
-    def stop(self) -> None:
+    def close(self) -> None:
         """The loop is closed: let go of its timer and of the requests it was watching."""
         if self._handle is not None:
             self._handle.cancel()

@@ -260,10 +260,7 @@ class DeadlineMiddleware:
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
         sweeper = self._sweepers.get(loop)
         if sweeper is None:
-            for old, gone in list(self._sweepers.items()):  # a snapshot: threads share it
-                if old.is_closed():
-                    gone._close()
-                    self._sweepers.pop(old, None)
+            _loop.forget_closed(self._sweepers, _Sweeper.close)
             sweeper = self._sweepers[loop] = _Sweeper(loop, self._watch_after)
         if hasattr(loop, "_thread_id"):  # asyncio's own loops; uvloop's are asked each time
             self._sweeper = sweeper
@@ -694,7 +691,7 @@ class _Sweeper:
         self._pending: dict[_Exchange, float] = {}  # insertion order = arrival order
         self._handle: asyncio.TimerHandle | None = None
 
-    def _close(self) -> None:
+    def close(self) -> None:
         """Its loop is closed: let go of what it scheduled there."""
         if self._handle is not None:
             self._handle.cancel()
