@@ -145,16 +145,29 @@ def budget(found: Iterable[tuple[Any, Any]], limits: Limits, reserve: float) -> 
     return max(0.0, chosen - reserve)
 
 
-def binding_limit(headers: wire.HeadersLike, limits: Limits, header: str) -> str:
-    """Which limit set the budget: the header's name, "route maximum" or "route default"."""
-    return limit_name(wire.header_budget(headers), limits, header)
+def binding_limit(headers: Iterable[tuple[Any, Any]], limits: Limits, header: str) -> str:
+    """Which limit set the budget: a header's name, "route maximum" or "route default".
 
-
-def limit_name(found: float | None, limits: Limits, header: str) -> str:
-    """`binding_limit` from the header value already found (None when none was valid)."""
-    if found is None:
+    `headers` are the request's deadline headers as (name, value) pairs, str or bytes,
+    with ``x-request-timeout-ms`` standing for `header` (see `renamed`). The name given
+    is the header whose value was the smallest valid one (`header` for ours): the one a
+    caller has to look at. Only a 504 asks, so each pair is parsed on its own.
+    """
+    best: float | None = None
+    name = ""
+    for pair in headers:
+        seconds = wire.header_budget((pair,))
+        if seconds is not None and (best is None or seconds < best):
+            best, name = seconds, _text(pair[0]).lower()
+    if best is None:
         return "route default"
-    return "route maximum" if found > limits.maximum else header
+    if best > limits.maximum:
+        return "route maximum"
+    return header if name == wire.HEADER else name
+
+
+def _text(name: str | bytes) -> str:
+    return name.decode("latin-1") if isinstance(name, bytes) else name
 
 
 def timeout_body(*, limit: str, budget: float, elapsed: float) -> bytes:

@@ -197,7 +197,7 @@ class DeadlineMiddleware:
             exchange = self._exchange_outside_asyncio(receive, send, started)
         if budget <= 0.0:
             try:
-                await exchange._answer_timeout(found, limits_, budget)
+                await exchange._answer_timeout(scope, limits_, budget)
             finally:
                 exchange._finish(label, "budget_exhausted", budget)
             return
@@ -227,7 +227,7 @@ class DeadlineMiddleware:
             await self.app(scope, exchange.receive, exchange.send)
         except BaseException as exc:
             outcome = "error"  # should settling it fail too
-            outcome, error = await exchange._failed(exc, token, found, limits_, budget)
+            outcome, error = await exchange._failed(exc, token, scope, limits_, budget)
             if error is exc:
                 raise
             if error is not None:
@@ -443,7 +443,7 @@ class _Exchange(deadline_scope):
         self,
         exc: BaseException,
         token: contextvars.Token[_Frame | None],
-        found: float | None,
+        scope: Scope,
         limits_: Limits,
         budget: float,
     ) -> tuple[RequestOutcome, BaseException | None]:
@@ -474,7 +474,7 @@ class _Exchange(deadline_scope):
                 outcome = _inbound.deadline_outcome(exc)
                 if self.started:
                     return outcome, exc
-                await self._answer_timeout(found, limits_, budget)
+                await self._answer_timeout(scope, limits_, budget)
                 return outcome, None
             if self.caller_left is None:
                 # After a complete response our timer cut only cleanup; a deadline error
@@ -490,9 +490,11 @@ class _Exchange(deadline_scope):
         await self._answer_gone()
         return "caller_left", None
 
-    async def _answer_timeout(self, found: float | None, limits_: Limits, budget: float) -> None:
+    async def _answer_timeout(self, scope: Scope, limits_: Limits, budget: float) -> None:
+        mw = self._mw
+        headers = _inbound.renamed(scope.get("headers") or (), mw._header_bytes)
         body = _inbound.timeout_body(
-            limit=_inbound.limit_name(found, limits_, self._mw._header),
+            limit=_inbound.binding_limit(headers, limits_, mw._header),
             budget=budget,
             elapsed=_clock.now() - self._started_at,
         )

@@ -67,7 +67,7 @@ class _Request:
 
     def body(self) -> bytes:
         return _inbound.timeout_body(
-            limit=_inbound.binding_limit(self.headers, self.limits, self.header),
+            limit=_inbound.binding_limit(self.headers.items(), self.limits, self.header),
             budget=self.budget,
             elapsed=_clock.now() - self.started,
         )
