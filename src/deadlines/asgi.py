@@ -394,6 +394,7 @@ class _Exchange(deadline_scope):
     # Most requests end before the watcher starts and never change most of this state:
     # class-level defaults, so a request stores only what it sets (no __slots__ here).
     _last: Message | None = None  # the last message the app sent (see `started`)
+    _trailers = False  # the response's start promised trailers (see `complete`)
     caller_left: CallerLeft | None = None
     # The watcher's state.
     buffer: deque[Message] | None = None
@@ -434,7 +435,7 @@ class _Exchange(deadline_scope):
             return False
         kind: str = last["type"]
         if kind == "http.response.body":
-            return not last.get("more_body", False)
+            return not last.get("more_body", False) and not self._trailers
         if kind == "http.response.trailers":
             return not last.get("more_trailers", False)
         return kind == "http.response.pathsend"
@@ -674,6 +675,8 @@ class _Exchange(deadline_scope):
         directly, with no coroutine of ours in between.
         """
         self._last = message
+        if "trailers" in message:  # only a start that may promise trailers has the key
+            self._trailers = bool(message["trailers"])
         return self._send(message)
 
 

@@ -9,6 +9,7 @@ middleware serving on loop after loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import socket
 import time
@@ -40,6 +41,10 @@ def _outer(
     """
 
     async def outer(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # hypercorn's lifespan: not a request
+            await app(scope, receive, send)
+            return
+
         async def slow_send(message: Any) -> None:
             if send_delay:
                 await asyncio.sleep(send_delay)
@@ -194,6 +199,32 @@ def test_early_hint_does_not_start_the_response(events: Events) -> None:
     assert answer.status_code == 504
     assert answer.json()["budget_ms"] == 250
     assert events.wait_finished(1)[0].outcome == "deadline"
+
+
+def test_response_with_trailers_is_complete_after_them(record: Record, events: Events) -> None:
+    """A response whose start promises trailers is not complete at its last body: the
+    deadline passing before the trailers is a deadline on a started response (the
+    error is raised, the server ends the stream); once they are out, it cuts cleanup."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        assert "http.response.trailers" in scope["extensions"]
+        start = {"type": "http.response.start", "status": 200, "headers": [], "trailers": True}
+        await send(start)
+        await send({"type": "http.response.body", "body": b"whole"})
+        await asyncio.sleep(float(scope["query_string"] or 0))  # before the trailers
+        await send({"type": "http.response.trailers", "headers": [(b"x-sum", b"1")]})
+        await asyncio.sleep(5)  # cleanup, for nobody
+
+    inner = DeadlineMiddleware(app, default=2.0, maximum=10.0)
+    returned = []
+    for late in ("5", "0"):  # one server each, so each one's outer record is its own
+        wrapped = _outer(record, f"trailers{late}", inner)
+        with serve_hypercorn(wrapped) as url, httpx.Client(http1=False, http2=True) as client:
+            with contextlib.suppress(httpx.HTTPError):  # how the stream ends is hypercorn's
+                client.get(f"{url}?{late}", headers={"x-request-timeout-ms": "300"}, timeout=1)
+            returned.append(record.wait(f"trailers{late}", "inner", timeout=5.0))
+    assert returned[0].startswith("DeadlineExceeded") and returned[1] == "returned"
+    assert [e.outcome for e in events.wait_finished(2)] == ["deadline", "ok"]
 
 
 def test_app_deadline_error_after_complete_response_is_raised(
