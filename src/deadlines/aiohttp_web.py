@@ -109,6 +109,8 @@ class DeadlineMiddleware:
             except asyncio.CancelledError:
                 if watch.caller_left is not None:
                     outcome = "caller_left"
+                elif _delivered(request):  # aiohttp's own cancellation, after the answer
+                    outcome = "ok"
                 raise
             except web.HTTPException as exc:
                 # aiohttp's way to answer (a redirect, a 404): a response, not a failure,
@@ -117,9 +119,14 @@ class DeadlineMiddleware:
                 raise
             except DeadlineExceeded as exc:
                 outcome = _inbound.deadline_outcome(exc)
-                if request.writer.output_size > 0:
+                if request.writer.output_size == 0:
+                    return self._timeout(headers, limits_, budget, started)
+                if watch.apps_own or not _delivered(request):
+                    outcome = "error" if watch.apps_own else outcome
                     raise  # the response is half out: aiohttp closes the connection
-                return self._timeout(headers, limits_, budget, started)
+                # Our deadline cut only what the handler did after a whole response.
+                outcome = "ok"
+                return _Delivered()
             outcome = "caller_left" if watch.caller_left is not None else "ok"
             return response
         finally:
@@ -163,6 +170,30 @@ class DeadlineMiddleware:
         )
 
 
+def _delivered(request: web.Request) -> bool:
+    """Whether the whole response went out (`StreamResponse.write_eof` ran).
+
+    aiohttp has no public way to ask; its writer's ``_eof`` flag says it. Without the
+    flag (another aiohttp) the answer is no, and aiohttp closes the connection.
+    """
+    return getattr(request.writer, "_eof", False) is True
+
+
+class _Delivered(web.StreamResponse):
+    """What the middleware gives aiohttp for a response that went out whole before the
+    deadline cut the handler's later work: nothing more is written.
+
+    The handler's own response is lost with its exception, so aiohttp's access log
+    shows this stand-in's status (200) and no body; the connection is then closed.
+    """
+
+    async def prepare(self, request: web.BaseRequest) -> None:
+        return None
+
+    async def write_eof(self, data: bytes = b"") -> None:
+        return None
+
+
 class _Poller:
     """Checks the connections of every handler running on one loop, every `every` seconds.
 
@@ -199,7 +230,8 @@ class _Poller:
         lost = [watch for watch in self._watches if watch.request.transport is None]
         for watch in lost:
             del self._watches[watch]
-            watch.cancel_host()
+            if not _delivered(watch.request):  # a caller gone after its answer did not leave
+                watch.cancel_host()
         if self._watches:
             self._handle = self._loop.call_later(self._every, self._check)
 
@@ -207,7 +239,7 @@ class _Poller:
 class _Watch:
     """Runs one handler under the deadline and cancels it when the connection is lost."""
 
-    __slots__ = ("_cancels", "_host", "_poller", "_started", "caller_left", "request")
+    __slots__ = ("_cancels", "_host", "_poller", "_started", "apps_own", "caller_left", "request")
 
     def __init__(self, request: web.Request, poller: _Poller, started: float) -> None:
         self.request = request
@@ -216,16 +248,22 @@ class _Watch:
         self._host: asyncio.Task[Any] | None = None
         self._cancels = 0
         self.caller_left: CallerLeft | None = None
+        self.apps_own = False  # the handler raised a DeadlineExceeded of its own
 
     async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
         self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
         self._poller.add(self)
         try:
             async with deadline_scope(budget):
-                response = await handler(self.request)
+                try:
+                    response = await handler(self.request)
+                except DeadlineExceeded:  # ours reaches the handler as a cancellation
+                    self.apps_own = True
+                    raise
         except asyncio.CancelledError:
             if not self._cancels:
-                if self.request.transport is None:  # aiohttp's handler_cancellation=True
+                # aiohttp's handler_cancellation=True, before the response was whole
+                if self.request.transport is None and not _delivered(self.request):
                     self.caller_left = self._left()
                 raise  # not ours: aiohttp's own, or server shutdown
             self._uncancel()

@@ -45,6 +45,22 @@ def build(record: Record) -> web.Application:
         await sleep_recorded(record, request.query["id"], 10.0)
         return response
 
+    async def finish(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write(b"whole")
+        await response.write_eof()
+        await sleep_recorded(record, request.query["id"], 10.0)  # cleanup, for nobody
+        return response
+
+    async def finish_own(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)
+        await response.write_eof(b"whole")
+        async with deadlines.scope(0.01):  # the handler's own limit, not the request's
+            await asyncio.sleep(1)
+        return response
+
     @limits(default=5.0, maximum=8.0)
     async def report(request: web.Request) -> web.Response:
         return web.json_response({"remaining": deadlines.remaining()})
@@ -72,6 +88,8 @@ def build(record: Record) -> web.Application:
     app.router.add_get("/slow", slow)
     app.router.add_post("/echo", echo)
     app.router.add_get("/stall", stall)
+    app.router.add_get("/finish", finish)
+    app.router.add_get("/finish-own", finish_own)
     app.router.add_get("/report", report)
     app.router.add_get("/moved", moved)
     app.router.add_get("/broken", broken)
@@ -125,6 +143,24 @@ def test_deadline_after_response_started_closes(url: str, record: Record) -> Non
     with pytest.raises(httpx.RemoteProtocolError):
         httpx.get(f"{url}/stall?id={rid}", headers=ms("300"), timeout=5)
     assert record.wait(rid, "cancelled") - record.get(rid)["started"] < 0.3 + 0.5
+
+
+def test_deadline_after_a_whole_response_cuts_only_cleanup(
+    url: str, record: Record, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The handler wrote its whole response, then went on working: the deadline cuts that
+    work, the caller has its answer, the outcome is "ok" and aiohttp logs no error. A
+    deadline error of the handler's own there is an error like any other."""
+    rid = uuid.uuid4().hex
+    response = httpx.get(f"{url}/finish?id={rid}", headers=ms("300"), timeout=5)
+    assert (response.status_code, response.text) == (200, "whole")
+    assert record.wait(rid, "cancelled") - record.get(rid)["started"] < 0.3 + 0.5
+    own = httpx.get(f"{url}/finish-own", headers=ms("900"), timeout=5)
+    assert (own.status_code, own.text) == (200, "whole")
+    assert [e.outcome for e in events.wait_finished(2)] == ["ok", "error"]
+    errors = [r for r in caplog.records if r.levelname == "ERROR" and r.name.startswith("aiohttp")]
+    # One: the handler's own error (aiohttp logs a TimeoutError without its traceback).
+    assert len(errors) == 1
 
 
 def test_caller_left_cancels_handler(url: str, record: Record, events: Events) -> None:
