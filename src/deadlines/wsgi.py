@@ -39,10 +39,11 @@ from types import TracebackType
 from typing import Any
 
 from . import _clock, _events, _inbound, _validate, wire
-from ._deadline import Deadline
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
+from ._scope import _Frame
+from ._scope import _frame as _frame_var
 from ._scope import scope as deadline_scope
 
 __all__ = ["DeadlineMiddleware", "Limits", "limits", "timeout_response"]
@@ -147,8 +148,9 @@ class DeadlineMiddleware:
             report.finish("budget_exhausted")
             return _timeout(start_response, info, None)
         token = _request.set(info)
+        request_scope = deadline_scope(budget)
         try:
-            with deadline_scope(budget) as deadline:
+            with request_scope:
                 result = self.app(environ, start_response)
         except DeadlineExceeded as exc:
             report.finish(_inbound.deadline_outcome(exc))
@@ -158,8 +160,9 @@ class DeadlineMiddleware:
             raise
         finally:
             _request.reset(token)
-        assert deadline is not None
-        return _Body(result, deadline, report, info, start_response)
+        frame = request_scope._frame
+        assert frame is not None
+        return _Body(result, frame, report, info, start_response)
 
 
 def _timeout(
@@ -198,19 +201,24 @@ class _Report:
 
 
 class _Body:
-    """The app's response iterable, each step run under the request's deadline."""
+    """The app's response iterable, each step run under the request's deadline.
+
+    Each step sets the request's own frame again, not a new scope on its deadline: an
+    error raised in the body then reports the request's budget and the time since its
+    arrival, not what was left when that chunk began.
+    """
 
     def __init__(
         self,
         result: Iterable[bytes],
-        deadline: Deadline,
+        frame: _Frame,
         report: _Report,
         info: _Request,
         start_response: StartResponse,
     ) -> None:
         self._result = result
         self._iterator: Iterator[bytes] | None = None
-        self._deadline = deadline
+        self._frame = frame
         self._report = report
         self._info = info
         self._start_response = start_response
@@ -223,11 +231,11 @@ class _Body:
     def __next__(self) -> bytes:
         if self._ended:
             raise StopIteration
+        token = _frame_var.set(self._frame)
         try:
-            with deadline_scope(deadline=self._deadline):
-                if self._iterator is None:
-                    self._iterator = iter(self._result)
-                chunk = next(self._iterator)
+            if self._iterator is None:
+                self._iterator = iter(self._result)
+            chunk = next(self._iterator)
         except StopIteration:
             self._ended = True
             self._finish()
@@ -242,6 +250,8 @@ class _Body:
         except BaseException:
             self._report.finish("error")
             raise
+        finally:
+            _frame_var.reset(token)
         if chunk:
             self._sent = True
         return chunk
@@ -251,8 +261,11 @@ class _Body:
         try:
             close = getattr(self._result, "close", None)
             if close is not None:
-                with deadline_scope(deadline=self._deadline):
+                token = _frame_var.set(self._frame)
+                try:
                     close()
+                finally:
+                    _frame_var.reset(token)
         finally:
             self._finish()
 

@@ -166,3 +166,33 @@ def test_timeout_response_outside_middleware() -> None:
     assert status == 504
     assert b'"budget_ms":500' in body
     assert ("Content-Type", "application/json") in headers
+
+
+def test_body_errors_report_the_requests_budget(events: Events) -> None:
+    """A deadline error raised while the body iterates names the request's budget and
+    the time since it arrived, not what was left when that step of the body began."""
+    seen: list[deadlines.DeadlineExceeded] = []
+
+    def body() -> Iterator[bytes]:
+        time.sleep(0.3)  # 0.1 + 0.3 s: past the 0.25 s budget
+        try:
+            deadlines.check()
+        except deadlines.DeadlineExceeded as exc:
+            seen.append(exc)
+            raise
+        yield b"never"
+
+    def app(environ: dict[str, object], start_response: Any) -> Iterator[bytes]:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        time.sleep(0.1)  # the app takes a while before handing over its body
+        return body()
+
+    wrapped = DeadlineMiddleware(app, default=1.0, maximum=2.0)
+    with serve_waitress(wrapped) as base:
+        response = httpx.get(f"{base}/x", headers=ms("300"), timeout=5)
+    assert response.status_code == 504
+    assert response.json()["budget_ms"] == 250
+    (error,) = seen
+    assert error.limit == pytest.approx(0.25)
+    assert error.elapsed is not None and error.elapsed >= 0.39
+    assert events.wait_finished(1)[0].outcome == "deadline"
