@@ -121,9 +121,11 @@ class DeadlineMiddleware:
                 outcome = _inbound.deadline_outcome(exc)
                 if request.writer.output_size == 0:
                     return self._timeout(headers, limits_, budget, started)
-                if watch.apps_own or not _delivered(request):
-                    outcome = "error" if watch.apps_own else outcome
+                if not _delivered(request):
                     raise  # the response is half out: aiohttp closes the connection
+                if watch.apps_own:  # after a whole response: the handler's own error
+                    outcome = "error"
+                    raise
                 # Our deadline cut only what the handler did after a whole response.
                 outcome = "ok"
                 return _Delivered()
