@@ -100,12 +100,22 @@ class RouteTable:
         ]
 
     def match(self, method: str, path: str) -> tuple[str | None, Limits]:
-        """The matching pattern (None when none matched) and its limits."""
-        hit = self._exact.get((method, path)) or self._exact.get(("", path))
+        """The matching pattern (None when none matched) and its limits.
+
+        HEAD takes a GET pattern when it has none of its own: frameworks answer HEAD
+        with the GET handler, so it does the same work.
+        """
+        methods = (method, "GET") if method == "HEAD" else (method,)
+        exact = self._exact
+        for wanted in methods:
+            hit = exact.get((wanted, path))
+            if hit is not None:
+                return hit
+        hit = exact.get(("", path))
         if hit is not None:
             return hit
         for wanted, prefix, key, value in self._prefixes:
-            if path.startswith(prefix) and (not wanted or wanted == method):
+            if path.startswith(prefix) and (not wanted or wanted in methods):
                 return key, value
         return None, self.fallback
 

@@ -241,3 +241,19 @@ def test_websocket_outlives_the_request_budget(url: str) -> None:
             return answers
 
     assert asyncio.run(chat()) == ["first:True", "later:True"]
+
+
+def test_head_takes_the_get_routes_limits(events: Events) -> None:
+    """aiohttp answers HEAD with the GET handler: a "GET /path" route's limits apply."""
+
+    async def report(request: web.Request) -> web.Response:
+        return web.Response(headers={"x-remaining": f"{deadlines.remaining():.3f}"})
+
+    routes = {"GET /report": Limits(default=3.0, maximum=5.0)}
+    app = web.Application(middlewares=[DeadlineMiddleware(default=0.2, maximum=1.0, routes=routes)])
+    app.router.add_get("/report", report)
+    with serve_aiohttp(app) as base, httpx.Client(timeout=5) as client:
+        for method in ("GET", "HEAD"):
+            answer = client.request(method, f"{base}/report")
+            assert answer.status_code == 200
+            assert 2.5 < float(answer.headers["x-remaining"]) <= 2.95

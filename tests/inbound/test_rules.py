@@ -53,6 +53,20 @@ def test_route_table_precedence() -> None:
     assert table.match("GET", "/elsewhere") == (None, fallback)
 
 
+def test_route_table_head_takes_get_patterns() -> None:
+    """HEAD is served by the GET handler, so it takes a GET pattern it has none of its own."""
+    get, head, bare, prefix = (Limits(default=n, maximum=n) for n in (1, 2, 3, 4))
+    fallback = Limits(default=9, maximum=9)
+    table = RouteTable(
+        {"GET /r": get, "/r": bare, "HEAD /h": head, "GET /h": get, "GET /p/*": prefix}, fallback
+    )
+    assert table.match("HEAD", "/r") == ("GET /r", get)  # GET's own beats the method-less
+    assert table.match("HEAD", "/h") == ("HEAD /h", head)  # HEAD's own beats GET's
+    assert table.match("HEAD", "/p/x") == ("GET /p/*", prefix)
+    assert table.match("POST", "/r") == ("/r", bare)
+    assert table.match("POST", "/p/x") == (None, fallback)
+
+
 def test_limits_validation_and_marks() -> None:
     """Limits take seconds or timedeltas, refuse default > maximum; the decorator marks."""
     assert Limits(default=timedelta(milliseconds=500), maximum=2).default == 0.5

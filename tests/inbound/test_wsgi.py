@@ -196,3 +196,23 @@ def test_body_errors_report_the_requests_budget(events: Events) -> None:
     assert error.limit == pytest.approx(0.25)
     assert error.elapsed is not None and error.elapsed >= 0.39
     assert events.wait_finished(1)[0].outcome == "deadline"
+
+
+def test_head_takes_the_get_routes_limits(events: Events) -> None:
+    """Flask answers HEAD with the GET view: a "GET /path" route's limits and label apply."""
+    app = Flask(__name__)
+
+    @app.get("/report")
+    def report() -> Response:
+        return Response(headers={"x-remaining": f"{deadlines.remaining():.3f}"})
+
+    routes = {"GET /report": Limits(default=3.0, maximum=5.0)}
+    app.wsgi_app = DeadlineMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, default=0.2, maximum=1.0, routes=routes
+    )
+    with serve_waitress(app) as base, httpx.Client(timeout=5) as client:
+        for method in ("GET", "HEAD"):
+            answer = client.request(method, f"{base}/report")
+            assert answer.status_code == 200
+            assert 2.5 < float(answer.headers["x-remaining"]) <= 2.95
+    assert [e.route for e in events.wait_finished(2)] == ["GET /report", "GET /report"]
