@@ -22,6 +22,7 @@ aiohttp clears when the connection is lost.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -42,6 +43,8 @@ except ImportError as exc:  # pragma: no cover - exercised without aiohttp insta
 __all__ = ["DeadlineMiddleware", "Limits", "limits"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_log = logging.getLogger(__name__)
 
 
 class DeadlineMiddleware:
@@ -83,7 +86,7 @@ class DeadlineMiddleware:
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         """Run `handler` under the request's deadline (WebSocket upgrades pass through)."""
-        if request.headers.get("Upgrade", "").lower() == "websocket":
+        if request.headers.get("Upgrade", "").lower() == "websocket" and _handshake(request):
             # A WebSocket session outlives any request budget (ASGI's websocket scopes
             # pass through the same way); browsers cannot even send a deadline header.
             return await handler(request)
@@ -170,6 +173,12 @@ class DeadlineMiddleware:
             content_type="application/json",
             headers={"cache-control": "no-store"},
         )
+
+
+def _handshake(request: web.Request) -> bool:
+    """Whether the request is a whole, valid WebSocket handshake (GET, the upgrade
+    headers, a key and version 13): a lone ``Upgrade`` header does not skip the deadline."""
+    return web.WebSocketResponse().can_prepare(request).ok
 
 
 def _delivered(request: web.Request) -> bool:
@@ -274,6 +283,14 @@ class _Watch:
             return web.Response(status=499)  # nobody reads it; aiohttp logs the access
         except DeadlineExceeded:
             if self.caller_left is not None:
+                return web.Response(status=499)
+            raise
+        except Exception as exc:
+            if self.request.transport is None and not _delivered(self.request):
+                # The caller went away: aiohttp fails the body read (or a write) with a
+                # connection error before the poller comes round. Nobody is left to tell.
+                _log.debug("error after the caller left", exc_info=exc)
+                self.caller_left = self._left()
                 return web.Response(status=499)
             raise
         finally:

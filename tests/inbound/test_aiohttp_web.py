@@ -257,3 +257,47 @@ def test_head_takes_the_get_routes_limits(events: Events) -> None:
             answer = client.request(method, f"{base}/report")
             assert answer.status_code == 200
             assert 2.5 < float(answer.headers["x-remaining"]) <= 2.95
+
+
+def test_caller_leaving_mid_upload_is_caller_left(
+    record: Record, events: Events, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caller hangs up in the middle of its request body: aiohttp fails the handler's
+    read at once, before the connection watch comes round. That is the caller leaving,
+    not an error, and nothing is logged as one."""
+
+    async def upload(request: web.Request) -> web.Response:
+        try:
+            body = await request.read()
+        except ConnectionError as exc:
+            record.put(request.query["id"], read=repr(exc))
+            raise
+        return web.Response(text=str(len(body)))
+
+    app = web.Application(middlewares=[DeadlineMiddleware(default=2.0, maximum=5.0)])
+    app.router.add_post("/upload", upload)
+    heads = {
+        "length": b"Content-Length: 100000\r\n\r\n" + b"a" * 1000,
+        "chunked": b"Transfer-Encoding: chunked\r\n\r\n3e8\r\n" + b"a" * 1000 + b"\r\n",
+    }
+    with serve_aiohttp(app) as base:
+        port = httpx.URL(base).port
+        assert port is not None
+        for key, head in heads.items():
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(f"POST /upload?id={key} HTTP/1.1\r\nHost: x\r\n".encode() + head)
+                time.sleep(0.1)
+            assert "ConnectionResetError" in record.wait(key, "read")
+        outcomes = [e.outcome for e in events.wait_finished(2)]
+    assert outcomes == ["caller_left", "caller_left"]
+    assert [r for r in caplog.records if r.levelname == "ERROR"] == []
+
+
+def test_upgrade_header_alone_does_not_skip_the_deadline(url: str, record: Record) -> None:
+    """Only a whole WebSocket handshake passes through: a plain request that merely says
+    ``Upgrade: websocket`` still gets its deadline and its 504."""
+    rid = uuid.uuid4().hex
+    headers = {"upgrade": "websocket", "connection": "upgrade", **ms("300")}
+    response = httpx.get(f"{url}/slow?id={rid}", headers=headers, timeout=5)
+    assert response.status_code == 504
+    assert record.wait(rid, "cancelled") - record.get(rid)["started"] < 0.3 + 0.5
