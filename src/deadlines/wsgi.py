@@ -55,16 +55,41 @@ WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
 
 class _Request:
-    """What the middleware knows about the current request, for `timeout_response`."""
+    """What the middleware knows about the current request, for `timeout_response` and
+    the outcome; called as the app's `start_response`, it notes the status it passes on."""
 
-    __slots__ = ("budget", "header", "headers", "limits", "started", "timed_out")
+    __slots__ = (
+        "budget", "header", "headers", "limits", "start_response", "started", "status",
+        "timed_out",
+    )  # fmt: skip
 
     def __init__(
-        self, headers: dict[str, str], limits_: Limits, budget: float, started: float, header: str
+        self,
+        headers: dict[str, str],
+        limits_: Limits,
+        budget: float,
+        started: float,
+        header: str,
+        start_response: StartResponse,
     ) -> None:
         self.headers, self.limits, self.budget = headers, limits_, budget
         self.started, self.header = started, header
+        self.start_response = start_response
+        self.status = ""
         self.timed_out: DeadlineExceeded | None = None
+
+    def __call__(
+        self, status: str, headers: list[tuple[str, str]], exc_info: ExcInfo | None = None
+    ) -> Callable[[bytes], object]:
+        self.status = status
+        return self.start_response(status, headers, exc_info)
+
+    def outcome(self) -> RequestOutcome:
+        """How a request the app answered ended: a 5xx it answered is an error (Flask
+        and Django turn exceptions into a 500 themselves), our 504 a deadline."""
+        if self.timed_out is not None:  # the app's error handler answered 504 for us
+            return _inbound.deadline_outcome(self.timed_out)
+        return "error" if self.status[:1] == "5" else "ok"
 
     def body(self) -> bytes:
         return _inbound.timeout_body(
@@ -143,7 +168,7 @@ class DeadlineMiddleware:
         route = pattern or _inbound.UNMATCHED
         budget = _inbound.budget(headers.items(), limits_, self._reserve)
         report = _Report(route, budget, started)
-        info = _Request(headers, limits_, budget, started, self._header)
+        info = _Request(headers, limits_, budget, started, self._header, start_response)
         if budget <= 0.0:
             report.finish("budget_exhausted")
             return _timeout(start_response, info, None)
@@ -151,7 +176,7 @@ class DeadlineMiddleware:
         request_scope = deadline_scope(budget)
         try:
             with request_scope:
-                result = self.app(environ, start_response)
+                result = self.app(environ, info)
         except DeadlineExceeded as exc:
             report.finish(_inbound.deadline_outcome(exc))
             return _timeout(start_response, info, sys.exc_info())  # type: ignore[arg-type]
@@ -160,9 +185,16 @@ class DeadlineMiddleware:
             raise
         finally:
             _request.reset(token)
+        wrapper = environ.get("wsgi.file_wrapper")
+        if isinstance(wrapper, type) and isinstance(result, wrapper):
+            # The server sends the file itself (sendfile), past the deadline's reach:
+            # wrapping it would hide it from the server's fast path.
+            report.finish(info.outcome())
+            return result
         frame = request_scope._frame
         assert frame is not None
-        return _Body(result, frame, report, info, start_response)
+        body = _SizedBody if hasattr(result, "__len__") else _Body
+        return body(result, frame, report, info, start_response)
 
 
 def _timeout(
@@ -270,5 +302,12 @@ class _Body:
             self._finish()
 
     def _finish(self) -> None:
-        timed_out = self._info.timed_out  # the app's error handler answered 504 for us
-        self._report.finish("ok" if timed_out is None else _inbound.deadline_outcome(timed_out))
+        self._report.finish(self._info.outcome())
+
+
+class _SizedBody(_Body):
+    """A `_Body` whose app gave a sized iterable (a list): servers read its length to
+    send a Content-Length and keep the connection open, as without the middleware."""
+
+    def __len__(self) -> int:
+        return len(self._result)  # type: ignore[arg-type]

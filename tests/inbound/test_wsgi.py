@@ -216,3 +216,46 @@ def test_head_takes_the_get_routes_limits(events: Events) -> None:
             assert answer.status_code == 200
             assert 2.5 < float(answer.headers["x-remaining"]) <= 2.95
     assert [e.route for e in events.wait_finished(2)] == ["GET /report", "GET /report"]
+
+
+def test_sized_and_file_bodies_keep_their_length(tmp_path: Any, events: Events) -> None:
+    """A list body keeps its length and a ``wsgi.file_wrapper`` body stays the server's:
+    waitress sends Content-Length and keeps the connection open, as without the
+    middleware (a plain iterator would make it close the connection after each answer)."""
+    page = tmp_path / "page.txt"
+    page.write_bytes(b"hello")
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        if environ["PATH_INFO"] == "/file":
+            return environ["wsgi.file_wrapper"](page.open("rb"))
+        return [b"hello"]
+
+    wrapped = DeadlineMiddleware(app, default=1.0, maximum=2.0)
+    with serve_waitress(wrapped) as base, httpx.Client(timeout=5) as client:
+        for path in ("/list", "/list", "/file", "/file"):
+            answer = client.get(f"{base}{path}")
+            assert (answer.status_code, answer.text) == (200, "hello")
+            assert answer.headers.get("content-length") == "5"
+            assert answer.headers.get("connection") != "close"
+    assert [e.outcome for e in events.wait_finished(4)] == ["ok"] * 4
+
+
+def test_answers_of_5xx_are_errors(events: Events) -> None:
+    """Flask turns an exception into a 500 itself: the middleware still counts an error.
+    A 5xx the view returns is one too; a 4xx is an answer."""
+    app = Flask(__name__)
+
+    @app.get("/boom")
+    def boom() -> Response:
+        raise RuntimeError("boom")
+
+    @app.get("/busy")
+    def busy() -> tuple[str, int]:
+        return "busy", 503
+
+    app.wsgi_app = DeadlineMiddleware(app.wsgi_app, default=1.0, maximum=2.0)  # type: ignore[method-assign]
+    with serve_waitress(app) as base, httpx.Client(timeout=5) as client:
+        statuses = [client.get(f"{base}{path}").status_code for path in ("/boom", "/busy", "/x")]
+    assert statuses == [500, 503, 404]
+    assert [e.outcome for e in events.wait_finished(3)] == ["error", "error", "ok"]
