@@ -132,7 +132,10 @@ class DeadlineMiddleware:
                 # Our deadline cut only what the handler did after a whole response.
                 outcome = "ok"
                 return _Delivered()
-            outcome = "caller_left" if watch.caller_left is not None else "ok"
+            if watch.caller_left is not None:
+                outcome = "caller_left"
+            else:  # a server error the handler answered with is an error
+                outcome = "error" if getattr(response, "status", 200) >= 500 else "ok"
             return response
         finally:
             if _events.active():

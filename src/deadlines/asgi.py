@@ -394,7 +394,7 @@ class _Exchange(deadline_scope):
     # Most requests end before the watcher starts and never change most of this state:
     # class-level defaults, so a request stores only what it sets (no __slots__ here).
     _last: Message | None = None  # the last message the app sent (see `started`)
-    _trailers = False  # the response's start promised trailers (see `complete`)
+    _start: Message | None = None  # the app's response start (its status, its trailers)
     caller_left: CallerLeft | None = None
     # The watcher's state.
     buffer: deque[Message] | None = None
@@ -435,7 +435,10 @@ class _Exchange(deadline_scope):
             return False
         kind: str = last["type"]
         if kind == "http.response.body":
-            return not last.get("more_body", False) and not self._trailers
+            if last.get("more_body", False):
+                return False
+            start = self._start  # a start that promised trailers ends with them
+            return start is None or not start.get("trailers", False)
         if kind == "http.response.trailers":
             return not last.get("more_trailers", False)
         return kind == "http.response.pathsend"
@@ -519,6 +522,9 @@ class _Exchange(deadline_scope):
 
     def _finish(self, route: str, outcome: RequestOutcome, budget: float) -> None:
         if _events._observers:
+            start = self._start
+            if outcome == "ok" and start is not None and start.get("status", 200) >= 500:
+                outcome = "error"  # the app answered with a server error of its own
             duration = _clock.now() - self._started_at
             _events.emit(_events.RequestFinished(route, outcome, duration, budget))
 
@@ -675,8 +681,8 @@ class _Exchange(deadline_scope):
         directly, with no coroutine of ours in between.
         """
         self._last = message
-        if "trailers" in message:  # only a start that may promise trailers has the key
-            self._trailers = bool(message["trailers"])
+        if message["type"] == "http.response.start":
+            self._start = message
         return self._send(message)
 
 

@@ -71,6 +71,9 @@ def build(record: Record) -> web.Application:
     async def broken(request: web.Request) -> web.Response:
         raise web.HTTPServiceUnavailable()
 
+    async def busy(request: web.Request) -> web.Response:
+        return web.Response(status=503, text="busy")
+
     async def chat(request: web.Request) -> web.WebSocketResponse:
         socket = web.WebSocketResponse()
         await socket.prepare(request)
@@ -93,6 +96,7 @@ def build(record: Record) -> web.Application:
     app.router.add_get("/report", report)
     app.router.add_get("/moved", moved)
     app.router.add_get("/broken", broken)
+    app.router.add_get("/busy", busy)
     app.router.add_get("/chat", chat)
     return app
 
@@ -219,12 +223,14 @@ async def test_scope_unaffected_outside_requests() -> None:
 
 
 def test_http_exceptions_are_answers(url: str, events: Events) -> None:
-    """A redirect or a 404 raised as aiohttp's HTTPException ends "ok"; a 503 "error"."""
+    """A redirect or a 404 raised as aiohttp's HTTPException ends "ok"; a 503, raised or
+    returned, "error"."""
     assert httpx.get(f"{url}/moved", timeout=5).status_code == 302
     assert httpx.get(f"{url}/nowhere", timeout=5).status_code == 404
     assert httpx.get(f"{url}/broken", timeout=5).status_code == 503
-    outcomes = [(e.route, e.outcome) for e in events.wait_finished(3)]
-    assert outcomes == [("/moved", "ok"), ("*", "ok"), ("/broken", "error")]
+    assert httpx.get(f"{url}/busy", timeout=5).status_code == 503  # returned, not raised
+    outcomes = [(e.route, e.outcome) for e in events.wait_finished(4)]
+    assert outcomes == [("/moved", "ok"), ("*", "ok"), ("/broken", "error"), ("/busy", "error")]
 
 
 def test_websocket_outlives_the_request_budget(url: str) -> None:

@@ -268,3 +268,21 @@ def test_closed_loops_are_let_go() -> None:
         asyncio.run(serve_once())
     gc.collect()
     assert [ref() is None for ref in loops] == [True, True, True, False]
+
+
+def test_server_errors_the_app_answers_are_errors(events: Events) -> None:
+    """A 5xx the app answers with (without raising) ends "error"; a 4xx is an answer."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route
+
+    async def busy(request: Request) -> PlainTextResponse:
+        return PlainTextResponse("busy", status_code=503)
+
+    app = Starlette(routes=[Route("/busy", busy)])
+    wrapped = DeadlineMiddleware(app, default=2.0, maximum=10.0)
+    with serve_uvicorn(wrapped) as url, httpx.Client(timeout=5.0) as client:
+        statuses = [client.get(f"{url}{path}").status_code for path in ("/busy", "/nowhere")]
+    assert statuses == [503, 404]
+    assert [e.outcome for e in events.wait_finished(2)] == ["error", "ok"]
