@@ -20,16 +20,29 @@ arrives already expired is aborted without running the handler. When the caller
 cancels or its connection drops, grpc.aio cancels the handler itself; the interceptor
 reports it as ``caller_left`` (as it does a server shutting down).
 
+The outcome reported follows the status the handler answers with, however it sets it
+(`context.abort` or `context.set_code`): a status whose HTTP equivalent is below 500
+(``NOT_FOUND``, ``INVALID_ARGUMENT``, ``CANCELLED``, ...) is an answer, ``ok``;
+``UNKNOWN``, ``INTERNAL``, ``UNAVAILABLE``, ``UNIMPLEMENTED``, ``DATA_LOSS`` and a
+``DEADLINE_EXCEEDED`` of the handler's own are ``error``. An RPC for a method the
+server does not know is reported under the route ``*`` as an ``error`` (grpc.aio
+answers ``UNIMPLEMENTED``).
+
 Client side: grpcio does not forward a deadline to outbound calls by itself. The client
-interceptors give every call ``timeout = min(the call's own timeout, what is left)``
-(``grpc-timeout`` on the wire), fail fast with `BudgetExhausted` below the
-dependency's `min_useful`, and turn ``DEADLINE_EXCEEDED`` into `DeadlineExceeded` (the
-request's deadline was binding) or `TotalTimeout` (the call's own limit was).
+interceptors give every call ``timeout = min(the call's own timeout, what is left,
+the dependency's total)`` (``grpc-timeout`` on the wire; `total` is 30 s unless
+``Dependency(..., total=...)`` says otherwise, and it caps outside any deadline too: a
+call with no timeout of its own, or a longer one, gets `total`), fail fast with
+`BudgetExhausted` below the dependency's `min_useful`, and turn ``DEADLINE_EXCEEDED``
+into `DeadlineExceeded` (the request's deadline was binding) or `TotalTimeout` (the
+call's own timeout or `total` was). A call cut short once it started counts as sent:
+the server may have it, so it is not `retry_safe`.
+
+Calls keep grpc.aio's call API (metadata, `code()`, `cancel()`, ``write()`` /
+``done_writing()``); awaiting a unary-response call or iterating a streaming one is
+where the errors are translated and the call reported to observers.
 
 Only async (grpc.aio) handlers are wrapped; sync handlers pass through unchanged.
-Unary calls through the client interceptors return the response directly (awaiting
-the call inside the interceptor is what allows the error translation), so
-per-call metadata is not available on those calls.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -85,22 +98,72 @@ class DeadlineInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: Any,
     ) -> Any:
         """Wrap the method's handler so that it runs under the deadline."""
+        started = _clock.now()
         handler = await continuation(handler_call_details)
-        if handler is None:
-            return None
         method: str = handler_call_details.method
         _, limits_ = self._table.match("", method)
         metadata = handler_call_details.invocation_metadata or ()
-        rpc = _Rpc(method, limits_, self._reserve, wire.header_budget(metadata))
+        header = wire.header_budget(metadata)
+        if handler is None:
+            if _events.active():
+                rpc = _Rpc(_inbound.UNMATCHED, limits_, self._reserve, header)
+                rpc.report_unknown(started)
+            return None  # grpc.aio answers UNIMPLEMENTED
+        rpc = _Rpc(method, limits_, self._reserve, header)
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             behavior = getattr(handler, kind, None)
             if behavior is not None and _is_async(behavior):
-                return handler._replace(**{kind: rpc.wrap(behavior, kind.endswith("stream"))})
+                return _replaced(handler, kind, rpc.wrap(behavior, kind.endswith("stream")))
         return handler
 
 
 def _is_async(fn: Any) -> bool:
     return inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+
+
+_FACTORIES: dict[str, Callable[..., Any]] = {
+    "unary_unary": grpc.unary_unary_rpc_method_handler,
+    "unary_stream": grpc.unary_stream_rpc_method_handler,
+    "stream_unary": grpc.stream_unary_rpc_method_handler,
+    "stream_stream": grpc.stream_stream_rpc_method_handler,
+}
+
+
+def _replaced(handler: Any, kind: str, behavior: Any) -> Any:
+    """`handler` with `behavior` in place of its `kind` behaviour."""
+    if hasattr(handler, "_replace"):  # grpc's own handlers are namedtuples
+        return handler._replace(**{kind: behavior})
+    # An app's own subclass of the abstract grpc.RpcMethodHandler: a new one, same codecs.
+    return _FACTORIES[kind](
+        behavior,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
+
+
+# gRPC's statuses whose HTTP equivalent is below 500: the handler's answer, as an
+# HTTP 4xx is (grpc/doc/http-grpc-status-mapping.md, CANCELLED being 499).
+_ANSWERS = frozenset(
+    {
+        grpc.StatusCode.CANCELLED,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        grpc.StatusCode.NOT_FOUND,
+        grpc.StatusCode.ALREADY_EXISTS,
+        grpc.StatusCode.PERMISSION_DENIED,
+        grpc.StatusCode.UNAUTHENTICATED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.FAILED_PRECONDITION,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.OUT_OF_RANGE,
+    }
+)
+
+
+def _status_outcome(code: Any) -> RequestOutcome:
+    """The outcome of a handler that ended with status `code` (None: it set none, OK)."""
+    if code is None or code == grpc.StatusCode.OK or code in _ANSWERS:
+        return "ok"
+    return "error"
 
 
 class _Rpc:
@@ -111,19 +174,25 @@ class _Rpc:
     def __init__(self, method: str, limits_: Limits, reserve: float, header: float | None) -> None:
         self.method, self.limits, self.reserve, self.header = method, limits_, reserve, header
 
-    def budget(self, context: Any) -> float:
-        """min(time_remaining, metadata header, maximum) or default, minus reserve."""
-        left = context.time_remaining()
+    def budget(self, left: float | None) -> float:
+        """min(time_remaining `left`, metadata header, maximum) or default, minus reserve."""
         # However long a caller asks for (a year, `inf`), the maximum caps it, as
         # `wire.inbound_budget` caps a header: more than the maximum is the maximum.
         found = [v for v in (left, self.header) if v is not None and not math.isnan(v)]
         chosen = self.limits.default if not found else min(min(found), self.limits.maximum)
         return max(0.0, chosen - self.reserve)
 
+    def report_unknown(self, started: float) -> None:
+        """Events for an RPC to a method the server does not know (UNIMPLEMENTED: 501)."""
+        budget = self.budget(None)  # the caller's grpc-timeout is not known before a handler
+        _events.emit(_events.RequestStarted(self.method, budget))
+        duration = _clock.now() - started
+        _events.emit(_events.RequestFinished(self.method, "error", duration, budget))
+
     def wrap(self, behavior: Any, streams_out: bool) -> Callable[[Any, Any], Awaitable[Any]]:
         async def run(request: Any, context: Any) -> Any:
             started = _clock.now()
-            budget = self.budget(context)
+            budget = self.budget(context.time_remaining())
             if _events.active():
                 _events.emit(_events.RequestStarted(self.method, budget))
             outcome: RequestOutcome = "error"
@@ -164,11 +233,14 @@ class _Rpc:
                     # handler when the caller cancels or goes away (or at server stop).
                     outcome = "caller_left"
                     raise
+                except grpc.aio.AbortError:
+                    outcome = _status_outcome(context.code())
+                    raise
                 finally:
                     if inspect.isasyncgen(result):
                         # Run the app's `finally` now, not when the generator is collected.
                         await result.aclose()
-                outcome = "ok"
+                outcome = _status_outcome(context.code())  # set_code, then return
                 return answer
             finally:
                 if _events.active():
@@ -181,9 +253,10 @@ class _Rpc:
 def client_interceptors(*, dependency: Dependency | None = None) -> list[Any]:
     """Client interceptors for `grpc.aio` channels: one per call shape, all sharing `dependency`.
 
-    Every outbound call gets ``timeout = min(its own timeout, the time left)``; below the
-    dependency's `min_useful` the call is not made (`BudgetExhausted`); a
-    ``DEADLINE_EXCEEDED`` status becomes `DeadlineExceeded` or `TotalTimeout`.
+    Every outbound call gets ``timeout = min(its own timeout, the time left, the
+    dependency's total)``; below the dependency's `min_useful` the call is not made
+    (`BudgetExhausted`); a ``DEADLINE_EXCEEDED`` status becomes `DeadlineExceeded` or
+    `TotalTimeout`.
     """
     policy = dependency if dependency is not None else Dependency("grpc")
     if not isinstance(policy, Dependency):
@@ -199,7 +272,7 @@ def client_interceptors(*, dependency: Dependency | None = None) -> list[Any]:
 class _Call:
     """One outbound call's limits: the timeout to send and the error for DEADLINE_EXCEEDED."""
 
-    __slots__ = ("budget", "own", "own_binding", "timeout")
+    __slots__ = ("awaited", "budget", "own", "own_binding", "timeout")
 
     def __init__(self, dependency: Dependency, own: float | None) -> None:
         self.budget = CallBudget(dependency)  # raises BudgetExhausted: nothing sent
@@ -207,9 +280,15 @@ class _Call:
         self.own = own
         self.own_binding = own is not None and own < left
         self.timeout = left if own is None else min(own, left)
+        self.awaited = False
 
     def details(self, details: Any) -> Any:
         return details._replace(timeout=self.timeout)
+
+    def started(self) -> None:
+        """The RPC is under way: grpc may have written the request, so a cut is not retry-safe."""
+        self.budget.request_sent = True
+        self.budget.phase = "body"
 
     def error(self, exc: grpc.aio.AioRpcError) -> TimeoutError | None:
         """The deadlines error for a failed call, or None when it is not a timeout."""
@@ -226,14 +305,20 @@ class _Call:
         return self.budget.timeout("total")
 
     async def unary(self, call: Any) -> Any:
+        if self.awaited:  # a call awaited again answers again; report it only once
+            return await self._response(call)
+        self.awaited = True
         with self.budget:
-            try:
-                return await call
-            except grpc.aio.AioRpcError as exc:
-                error = self.error(exc)
-                if error is None:
-                    raise
-                raise error from exc
+            return await self._response(call)
+
+    async def _response(self, call: Any) -> Any:
+        try:
+            return await call
+        except grpc.aio.AioRpcError as exc:
+            error = self.error(exc)
+            if error is None:
+                raise
+            raise error from exc
 
     async def stream(self, call: Any) -> AsyncIterator[Any]:
         with self.budget:
@@ -247,6 +332,75 @@ class _Call:
                 raise error from exc
 
 
+class _Answer:
+    """grpc.aio's call for a unary response, except that awaiting it goes through `_Call`.
+
+    An interceptor returning the response itself breaks stream-unary calls: grpc.aio
+    wraps a bare response into a call only for unary-unary, and its ``write()`` proxy
+    waits for the interceptor, which would wait for the response. So the interceptors
+    return this at once; everything but the response is the real call's.
+    """
+
+    def __init__(self, call: Any, limits: _Call) -> None:
+        self._call, self._limits = call, limits
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._limits.unary(self._call).__await__()
+
+    def cancel(self) -> bool:
+        return bool(self._call.cancel())
+
+    def cancelled(self) -> bool:
+        return bool(self._call.cancelled())
+
+    def done(self) -> bool:
+        return bool(self._call.done())
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        self._call.add_done_callback(callback)
+
+    def time_remaining(self) -> float | None:
+        left: float | None = self._call.time_remaining()
+        return left
+
+    async def initial_metadata(self) -> Any:
+        return await self._call.initial_metadata()
+
+    async def trailing_metadata(self) -> Any:
+        return await self._call.trailing_metadata()
+
+    async def code(self) -> Any:
+        return await self._call.code()
+
+    async def details(self) -> Any:
+        return await self._call.details()
+
+    async def debug_error_string(self) -> Any:
+        return await self._call.debug_error_string()
+
+    async def wait_for_connection(self) -> None:
+        await self._call.wait_for_connection()
+
+
+class _UnaryUnaryAnswer(_Answer, grpc.aio.UnaryUnaryCall):  # type: ignore[misc]
+    """A unary-unary call (grpc.aio takes anything but a `UnaryUnaryCall` for the response)."""
+
+
+class _StreamUnaryAnswer(_Answer, grpc.aio.StreamUnaryCall):  # type: ignore[misc]
+    """A stream-unary call, with the write API of the real one."""
+
+    async def write(self, request: Any) -> None:
+        await self._call.write(request)
+
+    async def done_writing(self) -> None:
+        await self._call.done_writing()
+
+    @property
+    def _done_writing_flag(self) -> bool:
+        # grpc.aio's own write() proxy reads it from the call the interceptors return.
+        return bool(getattr(self._call, "_done_writing_flag", False))
+
+
 class _Interceptor:
     def __init__(self, dependency: Dependency) -> None:
         self._dependency = dependency
@@ -255,13 +409,17 @@ class _Interceptor:
 class _UnaryUnary(_Interceptor, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         call = _Call(self._dependency, details.timeout)
-        return await call.unary(await continuation(call.details(details), request))
+        real = await continuation(call.details(details), request)
+        call.started()
+        return _UnaryUnaryAnswer(real, call)
 
 
 class _UnaryStream(_Interceptor, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         call = _Call(self._dependency, details.timeout)
-        return call.stream(await continuation(call.details(details), request))
+        real = await continuation(call.details(details), request)
+        call.started()
+        return call.stream(real)
 
 
 class _StreamUnary(_Interceptor, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
@@ -269,7 +427,9 @@ class _StreamUnary(_Interceptor, grpc.aio.StreamUnaryClientInterceptor):  # type
         self, continuation: Any, details: Any, request_iterator: Any
     ) -> Any:
         call = _Call(self._dependency, details.timeout)
-        return await call.unary(await continuation(call.details(details), request_iterator))
+        real = await continuation(call.details(details), request_iterator)
+        call.started()
+        return _StreamUnaryAnswer(real, call)
 
 
 class _StreamStream(_Interceptor, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
@@ -277,4 +437,6 @@ class _StreamStream(_Interceptor, grpc.aio.StreamStreamClientInterceptor):  # ty
         self, continuation: Any, details: Any, request_iterator: Any
     ) -> Any:
         call = _Call(self._dependency, details.timeout)
-        return call.stream(await continuation(call.details(details), request_iterator))
+        real = await continuation(call.details(details), request_iterator)
+        call.started()
+        return call.stream(real)

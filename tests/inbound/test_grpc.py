@@ -7,6 +7,7 @@ test's event loop: the gRPC server, uvicorn for the HTTP hops, and the clients.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -140,6 +141,32 @@ async def rig() -> AsyncIterator[Rig]:
     finally:
         await plain.close()
         await smart.close()
+        await server.stop(None)
+
+
+@contextlib.asynccontextmanager
+async def served(
+    handler: grpc.GenericRpcHandler,
+    *,
+    server_interceptors: list[Any] | None = None,
+    client: list[Any] | None = None,
+) -> AsyncIterator[grpc.aio.Channel]:
+    """A grpc.aio server on loopback for `handler` and a channel to it; both closed after.
+
+    The server has a DeadlineInterceptor (1 s default, 2 s maximum) unless told otherwise;
+    `client` is the channel's interceptors.
+    """
+    if server_interceptors is None:
+        server_interceptors = [DeadlineInterceptor(default=1.0, maximum=2.0)]
+    server = grpc.aio.server(interceptors=server_interceptors)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}", interceptors=client)
+    try:
+        yield channel
+    finally:
+        await channel.close()
         await server.stop(None)
 
 
@@ -329,6 +356,125 @@ async def test_grpc_handler_calls_http_with_same_budget(rig: Rig) -> None:
         seen = json.loads(await rig.plain_call("ViaHttp")(b"", timeout=0.9))
     assert 300 < int(seen["header"]) <= 850  # the RPC's budget, less time spent
     assert 0.2 < seen["remaining"] <= int(seen["header"]) / 1000
+
+
+class OwnMethodHandler(grpc.RpcMethodHandler):
+    """An app's own method handler class (grpc.RpcMethodHandler is public), no namedtuple."""
+
+    def __init__(self, behavior: Any) -> None:
+        self.request_streaming = False
+        self.response_streaming = False
+        self.request_deserializer = json.loads
+        self.response_serializer = lambda answer: json.dumps(answer).encode()
+        self.unary_unary = behavior
+        self.unary_stream = self.stream_unary = self.stream_stream = None
+
+
+class OwnGenericHandler(grpc.GenericRpcHandler):
+    """Serves /test.Own/Hello with `OwnMethodHandler`."""
+
+    def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
+        return OwnMethodHandler(self.hello) if details.method == "/test.Own/Hello" else None
+
+    @staticmethod
+    async def hello(request: dict[str, str], context: grpc.aio.ServicerContext) -> dict[str, Any]:
+        return {"hello": request["name"], "remaining": deadlines.remaining()}
+
+
+async def test_own_method_handler_class_is_wrapped(events: Events) -> None:
+    """A handler that is not grpc's namedtuple runs under the deadline, its codecs kept."""
+    async with served(OwnGenericHandler()) as channel:
+        raw = await channel.unary_unary("/test.Own/Hello")(b'{"name": "you"}', timeout=5)
+    answer = json.loads(raw)  # the app's deserializer and serializer still apply
+    assert answer["hello"] == "you"
+    assert 0.0 < answer["remaining"] <= 1.95  # the 2 s maximum, less the reserve
+    assert [f.outcome for f in events.finished("/test.Own/Hello")] == ["ok"]
+
+
+#: Statuses whose HTTP equivalent is 5xx; a handler answering any other is reported "ok".
+ERROR_STATUSES = {
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DATA_LOSS,
+}
+
+
+async def answer_with(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+    """Ends with the status the request names, by abort or by set_code and a return."""
+    how, _, name = request.decode().partition(":")
+    code = grpc.StatusCode[name]
+    if how == "abort":
+        await context.abort(code, "as asked")
+    context.set_code(code)
+    context.set_details("as asked")
+    return b""
+
+
+async def stream_then_abort(
+    request: bytes, context: grpc.aio.ServicerContext
+) -> AsyncIterator[bytes]:
+    """A streaming reply that aborts with the named status after one message."""
+    yield b"first"
+    await context.abort(grpc.StatusCode[request.decode()], "as asked")
+
+
+async def ended_with(call: Any) -> grpc.StatusCode:
+    """The status `call` ended with, once its reply is read (an unread stream never ends)."""
+    with contextlib.suppress(grpc.aio.AioRpcError):
+        if isinstance(call, grpc.aio.UnaryStreamCall):
+            _ = [item async for item in call]
+        else:
+            await call
+    code: grpc.StatusCode = await call.code()
+    return code
+
+
+async def test_outcome_follows_the_status_however_it_is_set(events: Events) -> None:
+    """abort(code) and set_code(code) give the same outcome: a 4xx-like answer is "ok"."""
+    handler = grpc.method_handlers_generic_handler(
+        "test.Answer",
+        {
+            "Unary": grpc.unary_unary_rpc_method_handler(answer_with),
+            "Stream": grpc.unary_stream_rpc_method_handler(stream_then_abort),
+        },
+    )
+    unary, stream = "/test.Answer/Unary", "/test.Answer/Stream"
+    seen: dict[tuple[str, str], str] = {}
+    expected: dict[tuple[str, str], str] = {}
+    async with served(handler) as channel:
+        for code in [c for c in grpc.StatusCode if c is not grpc.StatusCode.OK]:
+            for how in ("abort", "set_code", "stream abort"):
+                if how == "stream abort":
+                    call = channel.unary_stream(stream)(code.name.encode(), timeout=5)
+                else:
+                    call = channel.unary_unary(unary)(f"{how}:{code.name}".encode(), timeout=5)
+                assert await ended_with(call) == code  # the caller gets the status asked for
+                finished = await events.until_finished(len(seen) + 1)
+                assert finished[-1].route == (stream if how == "stream abort" else unary)
+                seen[(how, code.name)] = finished[-1].outcome
+                expected[(how, code.name)] = "error" if code in ERROR_STATUSES else "ok"
+    assert seen == expected
+
+
+async def test_unknown_method_is_reported_under_star(rig: Rig, events: Events) -> None:
+    """An RPC for no known method: one start and one "error" finish, route "*"."""
+    asked = ((wire.HEADER, "700"),)
+    for method, metadata in ((f"/{SERVICE}/Nope", asked), ("/no.Such/Service", ())):
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await rig.plain.unary_unary(method)(b"", timeout=5, metadata=metadata)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    # Reported before grpc answers, so already there.
+    started = [e for e in events.items if isinstance(e, deadlines.RequestStarted)]
+    assert [e.route for e in started] == ["*", "*"]
+    # The header's 700 ms or the 1 s default, less the 50 ms reserve.
+    assert [e.budget for e in started] == [pytest.approx(0.65), pytest.approx(0.95)]
+    finished = events.finished()
+    assert [(f.route, f.outcome) for f in finished] == [("*", "error"), ("*", "error")]
+    assert [f.budget for f in finished] == [pytest.approx(0.65), pytest.approx(0.95)]
+    assert all(0.0 <= f.duration < 1.0 for f in finished)
 
 
 def test_options_validated() -> None:
