@@ -39,8 +39,9 @@ call's own timeout or `total` was). A call cut short once it started counts as s
 the server may have it, so it is not `retry_safe`.
 
 Calls keep grpc.aio's call API (metadata, `code()`, `cancel()`, ``write()`` /
-``done_writing()``); awaiting a unary-response call or iterating a streaming one is
-where the errors are translated and the call reported to observers.
+``done_writing()``). A unary-unary call is awaited by the interceptor itself, so it is
+reported to observers and its errors translated however the caller uses it; a
+stream-unary call is where it is awaited, a response stream as it is read.
 
 Only async (grpc.aio) handlers are wrapped; sync handlers pass through unchanged.
 """
@@ -332,13 +333,14 @@ class _Call:
                 raise error from exc
 
 
-class _Answer:
-    """grpc.aio's call for a unary response, except that awaiting it goes through `_Call`.
+class _StreamUnaryAnswer(grpc.aio.StreamUnaryCall):  # type: ignore[misc]
+    """grpc.aio's stream-unary call, except that awaiting it goes through `_Call`.
 
-    An interceptor returning the response itself breaks stream-unary calls: grpc.aio
-    wraps a bare response into a call only for unary-unary, and its ``write()`` proxy
-    waits for the interceptor, which would wait for the response. So the interceptors
-    return this at once; everything but the response is the real call's.
+    The interceptor cannot await the response itself, as the unary-unary one does:
+    grpc.aio wraps a bare response into a call only for unary-unary, and its
+    ``write()`` proxy waits for the interceptor, which would wait for the response. So
+    it returns this at once; everything but the response is the real call's. The call
+    is reported to observers when it is awaited through this object.
     """
 
     def __init__(self, call: Any, limits: _Call) -> None:
@@ -381,14 +383,6 @@ class _Answer:
     async def wait_for_connection(self) -> None:
         await self._call.wait_for_connection()
 
-
-class _UnaryUnaryAnswer(_Answer, grpc.aio.UnaryUnaryCall):  # type: ignore[misc]
-    """A unary-unary call (grpc.aio takes anything but a `UnaryUnaryCall` for the response)."""
-
-
-class _StreamUnaryAnswer(_Answer, grpc.aio.StreamUnaryCall):  # type: ignore[misc]
-    """A stream-unary call, with the write API of the real one."""
-
     async def write(self, request: Any) -> None:
         await self._call.write(request)
 
@@ -411,7 +405,10 @@ class _UnaryUnary(_Interceptor, grpc.aio.UnaryUnaryClientInterceptor):  # type: 
         call = _Call(self._dependency, details.timeout)
         real = await continuation(call.details(details), request)
         call.started()
-        return _UnaryUnaryAnswer(real, call)
+        # Awaited here, so the call is reported and its errors translated even when
+        # nobody awaits the response (its code read, an outer interceptor cut short).
+        await call.unary(real)
+        return real  # done: grpc.aio hands the caller its response, metadata and code
 
 
 class _UnaryStream(_Interceptor, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]

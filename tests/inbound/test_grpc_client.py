@@ -238,3 +238,26 @@ async def test_a_call_cut_by_the_deadline_counts_as_sent(
     assert [(e.dependency, e.outcome, e.phase, e.request_sent) for e in finished] == [
         ("upload", "deadline", "body", True)
     ] * 3
+
+
+async def test_unary_unary_is_reported_however_it_is_used(
+    upload: tuple[Upload, grpc.aio.Channel], events: Events
+) -> None:
+    """A unary call whose response nobody awaits (only its status read, or only a done
+    callback) is still reported, once, with its outcome: its deadline cut included."""
+    _, channel = upload
+    ok = channel.unary_unary(f"/{SERVICE}/Echo")(b"hi")
+    assert await ok.code() == grpc.StatusCode.OK
+    done = asyncio.Event()
+    called = channel.unary_unary(f"/{SERVICE}/Echo")(b"again")
+    called.add_done_callback(lambda _: done.set())
+    await asyncio.wait_for(done.wait(), 5)
+    async with deadlines.scope(0.3):  # grpc.aio's code() answers CANCELLED to the cut
+        cut = await channel.unary_unary(f"/{SERVICE}/Hold")(b"cut").code()
+    assert cut == grpc.StatusCode.CANCELLED
+    twice = channel.unary_unary(f"/{SERVICE}/Echo")(b"twice")
+    assert (await twice, await twice) == (b"twice", b"twice")
+    started = [e for e in events.items if isinstance(e, deadlines.CallStarted)]
+    finished = [e for e in events.items if isinstance(e, deadlines.CallFinished)]
+    assert len(started) == 4
+    assert [e.outcome for e in finished] == ["ok", "ok", "deadline", "ok"]
