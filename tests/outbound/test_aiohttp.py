@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import time
 from collections.abc import Callable
@@ -251,7 +252,11 @@ async def test_a_call_leaves_no_cyclic_garbage() -> None:
                 for _ in range(25):  # awaited, never released: closed at the body's end
                     response = await http.get(server.url)
                     assert await response.content.read()
+                gc.set_debug(gc.DEBUG_SAVEALL)  # keep what it finds, to name it below
                 found = gc.collect()
             finally:
+                gc.set_debug(0)
                 gc.enable()
-    assert found == 0
+    kinds = collections.Counter(type(thing).__qualname__ for thing in gc.garbage)
+    gc.garbage.clear()
+    assert found == 0, f"cyclic garbage found: {kinds.most_common(8)}"
