@@ -102,22 +102,24 @@ class RouteTable:
     def match(self, method: str, path: str) -> tuple[str | None, Limits]:
         """The matching pattern (None when none matched) and its limits.
 
-        HEAD takes a GET pattern when it has none of its own: frameworks answer HEAD
-        with the GET handler, so it does the same work.
+        HEAD is matched as GET unless a pattern names HEAD: frameworks answer HEAD with
+        the GET handler, so it does the same work.
         """
-        methods = (method, "GET") if method == "HEAD" else (method,)
-        exact = self._exact
-        for wanted in methods:
-            hit = exact.get((wanted, path))
-            if hit is not None:
-                return hit
-        hit = exact.get(("", path))
+        if method == "HEAD" and not self._names(method, path):
+            method = "GET"
+        hit = self._exact.get((method, path)) or self._exact.get(("", path))
         if hit is not None:
             return hit
         for wanted, prefix, key, value in self._prefixes:
-            if path.startswith(prefix) and (not wanted or wanted in methods):
+            if path.startswith(prefix) and (not wanted or wanted == method):
                 return key, value
         return None, self.fallback
+
+    def _names(self, method: str, path: str) -> bool:
+        """Whether a pattern naming `method` matches `path`."""
+        if (method, path) in self._exact:
+            return True
+        return any(w == method and path.startswith(p) for w, p, _, _ in self._prefixes)
 
 
 def header_name(header: str) -> str:

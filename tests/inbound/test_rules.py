@@ -65,6 +65,10 @@ def test_route_table_head_takes_get_patterns() -> None:
     assert table.match("HEAD", "/p/x") == ("GET /p/*", prefix)
     assert table.match("POST", "/r") == ("/r", bare)
     assert table.match("POST", "/p/x") == (None, fallback)
+    # A HEAD pattern of its own wins, whatever order the patterns were given in.
+    own = RouteTable({"GET /f/*": get, "HEAD /f/*": head}, fallback)
+    assert own.match("HEAD", "/f/x") == ("HEAD /f/*", head)
+    assert own.match("GET", "/f/x") == ("GET /f/*", get)
 
 
 def test_limits_validation_and_marks() -> None:
