@@ -22,6 +22,8 @@ aiohttp clears when the connection is lost.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
@@ -179,9 +181,23 @@ class DeadlineMiddleware:
 
 
 def _handshake(request: web.Request) -> bool:
-    """Whether the request is a whole, valid WebSocket handshake (GET, the upgrade
-    headers, a key and version 13): a lone ``Upgrade`` header does not skip the deadline."""
-    return web.WebSocketResponse().can_prepare(request).ok
+    """Whether the request is a whole WebSocket handshake (RFC 6455: GET, ``Connection:
+    upgrade``, version 13, a 16-byte key; the caller checked ``Upgrade``): a lone
+    ``Upgrade`` header does not skip the deadline.
+
+    Checked here rather than with aiohttp's `WebSocketResponse.can_prepare`, which
+    warns about every subprotocol a client offers that its probe does not know.
+    """
+    headers = request.headers
+    if request.method != "GET" or headers.get("Sec-WebSocket-Version") != "13":
+        return False
+    tokens = {token.strip().lower() for token in headers.get("Connection", "").split(",")}
+    if "upgrade" not in tokens:
+        return False
+    try:
+        return len(base64.b64decode(headers.get("Sec-WebSocket-Key", ""), validate=True)) == 16
+    except binascii.Error:
+        return False
 
 
 def _delivered(request: web.Request) -> bool:
