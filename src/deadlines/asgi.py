@@ -301,7 +301,7 @@ class DeadlineMiddleware:
         return found
 
     def _resolve(self, app: Any, scope: Scope, method: str, path: str) -> _Route:
-        pattern, table_limits = self._table.match(method, path)
+        pattern, table_limits = self._table.match(method, _route_path(scope, path))
         template, marked = _match_framework_route(app, scope)
         found = marked or table_limits
         default = found.default - self._reserve
@@ -855,11 +855,25 @@ def _routes_by_host(app: Any, depth: int = 0) -> bool:
     (`Host`, or a custom route) may match on anything, the Host header for `Host`.
     """
     for route in _routes_of(app) or ():
+        included = getattr(route, "original_router", None)  # FastAPI's included router
+        if included is not None:
+            if depth < 3 and _routes_by_host(included, depth + 1):
+                return True
+            continue
         if not isinstance(getattr(route, "path", None), str):
             return True
         if depth < 3 and _routes_of(route) is not None and _routes_by_host(route, depth + 1):
             return True
     return False
+
+
+def _route_path(scope: Scope, path: str) -> str:
+    """`path` without the app's ``root_path`` (which ASGI servers include in it, behind
+    a proxy's prefix), as the app's own routing sees it: what `routes=` patterns name."""
+    root = scope.get("root_path") or ""
+    if root and path.startswith(root) and path[len(root) : len(root) + 1] in ("", "/"):
+        return path[len(root) :] or "/"
+    return path
 
 
 def _host_of(scope: Scope) -> str:
@@ -882,6 +896,13 @@ def _match_framework_route(
         return None, None
     partial: tuple[str | None, Limits | None] | None = None
     for route in routes:
+        if getattr(route, "original_router", None) is not None:
+            name, result = _match_included(route, scope, prefix, depth)
+            if name == "FULL":
+                return result
+            if name == "PARTIAL":
+                partial = partial or result
+            continue
         matches = getattr(route, "matches", None)
         if matches is None:
             continue
@@ -893,11 +914,14 @@ def _match_framework_route(
         if name not in ("FULL", "PARTIAL"):
             continue
         template = prefix + str(getattr(route, "path", ""))
-        if _routes_of(route) is not None and getattr(route, "endpoint", None) is None:
+        inner = _routes_of(route)
+        if inner and getattr(route, "endpoint", None) is None:
             found = _match_framework_route(route, {**scope, **child}, template, depth + 1)
             if found[0] is not None:
                 return found
             continue
+        # A route, or a mount of an app without routes of its own (StaticFiles): the
+        # mount's path is the template.
         result = (template or None, _route_limits(route))
         if name == "FULL":
             return result
@@ -905,14 +929,48 @@ def _match_framework_route(
     return partial or (None, None)
 
 
+def _match_included(
+    router: Any, scope: Scope, prefix: str, depth: int
+) -> tuple[str, tuple[str | None, Limits | None]]:
+    """A FastAPI included router's match: "FULL", "PARTIAL" or "NONE", and the route's
+    template and limits. Recent FastAPI releases (0.165 here) keep included routers as
+    such, no longer copying their routes into the app.
+
+    Its public `matches` says only whether a route matched; `_match` names the route
+    and its effective context: the full path template, the endpoint, and the
+    dependencies of the route, its routers and the include.
+    """
+    try:
+        match, _, route, context = router._match(scope)
+    except Exception:  # another FastAPI: no route found, as with an unknown route
+        return "NONE", (None, None)
+    name = getattr(match, "name", "NONE")
+    if name not in ("FULL", "PARTIAL") or depth > 3:
+        return "NONE", (None, None)
+    if context is None:  # an included router within the included router
+        return _match_included(route, scope, prefix, depth + 1)
+    template = getattr(context, "path_format", None) or getattr(route, "path", "")
+    return name, (prefix + str(template) or None, _route_limits(context))
+
+
 def _route_limits(route: Any) -> Limits | None:
-    """Limits marked on the endpoint, or on one of its FastAPI dependencies."""
+    """Limits marked on the endpoint, or on one of its FastAPI dependencies.
+
+    FastAPI lists the app's and the routers' dependencies before the route's own, so
+    they are searched last first: the most specific mark wins. A mark on a
+    sub-dependency (a dependency of a dependency) counts too.
+    """
     found = _inbound.limits_of(getattr(route, "endpoint", None))
     if found is not None:
         return found
-    dependant = getattr(route, "dependant", None)
-    for dependency in getattr(dependant, "dependencies", None) or ():
+    return _dependency_limits(getattr(route, "dependant", None), 0)
+
+
+def _dependency_limits(dependant: Any, depth: int) -> Limits | None:
+    for dependency in reversed(getattr(dependant, "dependencies", None) or ()):
         found = _inbound.limits_of(getattr(dependency, "call", None))
+        if found is None and depth < 8:
+            found = _dependency_limits(dependency, depth + 1)
         if found is not None:
             return found
     return None
