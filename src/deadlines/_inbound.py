@@ -196,6 +196,12 @@ def timeout_body(*, limit: str, budget: float, elapsed: float) -> bytes:
     ).encode()
 
 
+def answer_outcome(status: int) -> RequestOutcome:
+    """The outcome of a request the app answered with HTTP `status`: a server error (5xx)
+    is an error; anything else, a 4xx included, is an answer."""
+    return "error" if status >= 500 else "ok"
+
+
 def deadline_outcome(exc: DeadlineExceeded) -> RequestOutcome:
     """The request outcome for a deadline error that ended a handler."""
     return "budget_exhausted" if isinstance(exc, BudgetExhausted) else "deadline"

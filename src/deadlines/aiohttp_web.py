@@ -120,7 +120,7 @@ class DeadlineMiddleware:
             except web.HTTPException as exc:
                 # aiohttp's way to answer (a redirect, a 404): a response, not a failure,
                 # unless it is a server error.
-                outcome = "ok" if exc.status < 500 else "error"
+                outcome = _inbound.answer_outcome(exc.status)
                 raise
             except DeadlineExceeded as exc:
                 outcome = _inbound.deadline_outcome(exc)
@@ -137,7 +137,7 @@ class DeadlineMiddleware:
             if watch.caller_left is not None:
                 outcome = "caller_left"
             else:  # a server error the handler answered with is an error
-                outcome = "error" if getattr(response, "status", 200) >= 500 else "ok"
+                outcome = _inbound.answer_outcome(getattr(response, "status", 200))
             return response
         finally:
             if _events.active():
@@ -260,7 +260,7 @@ class _Poller:
         lost = [watch for watch in self._watches if watch.request.transport is None]
         for watch in lost:
             del self._watches[watch]
-            if not _delivered(watch.request):  # a caller gone after its answer did not leave
+            if watch.gone():  # a caller gone after its whole answer did not leave
                 watch.cancel_host()
         if self._watches:
             self._handle = self._loop.call_later(self._every, self._check)
@@ -292,8 +292,7 @@ class _Watch:
                     raise
         except asyncio.CancelledError:
             if not self._cancels:
-                # aiohttp's handler_cancellation=True, before the response was whole
-                if self.request.transport is None and not _delivered(self.request):
+                if self.gone():  # aiohttp's handler_cancellation=True
                     self.caller_left = self._left()
                 raise  # not ours: aiohttp's own, or server shutdown
             self._uncancel()
@@ -305,7 +304,7 @@ class _Watch:
                 return web.Response(status=499)
             raise
         except Exception as exc:
-            if self.request.transport is None and not _delivered(self.request):
+            if self.gone():
                 # The caller went away: aiohttp fails the body read (or a write) with a
                 # connection error before the poller comes round. Nobody is left to tell.
                 _log.debug("error after the caller left", exc_info=exc)
@@ -316,6 +315,10 @@ class _Watch:
             self._poller.discard(self)
             self._uncancel()
         return response
+
+    def gone(self) -> bool:
+        """The connection is lost and the response was not whole: the caller left."""
+        return self.request.transport is None and not _delivered(self.request)
 
     def cancel_host(self) -> None:
         """The connection is gone: cancel the handler with a `CallerLeft` reason."""

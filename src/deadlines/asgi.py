@@ -496,9 +496,9 @@ class _Exchange(deadline_scope):
 
     async def _answer_timeout(self, scope: Scope, limits_: Limits, budget: float) -> None:
         mw = self._mw
-        headers = _inbound.renamed(scope.get("headers") or (), mw._header_bytes)
+        asked = _inbound.renamed(scope.get("headers") or (), mw._header_bytes)
         body = _inbound.timeout_body(
-            limit=_inbound.binding_limit(headers, limits_, mw._header),
+            limit=_inbound.binding_limit(asked, limits_, mw._header),
             budget=budget,
             elapsed=_clock.now() - self._started_at,
         )
@@ -523,8 +523,8 @@ class _Exchange(deadline_scope):
     def _finish(self, route: str, outcome: RequestOutcome, budget: float) -> None:
         if _events._observers:
             start = self._start
-            if outcome == "ok" and start is not None and start.get("status", 200) >= 500:
-                outcome = "error"  # the app answered with a server error of its own
+            if outcome == "ok" and start is not None:  # a server error it answered with
+                outcome = _inbound.answer_outcome(start.get("status", 200))
             duration = _clock.now() - self._started_at
             _events.emit(_events.RequestFinished(route, outcome, duration, budget))
 
