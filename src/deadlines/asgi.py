@@ -645,7 +645,21 @@ class _Exchange(deadline_scope):
     # What the app sees.
 
     async def receive(self) -> Message:
-        """The next message the server sent, through the watcher's buffer if it runs."""
+        """The next message the server sent: read straight from it until the watcher
+        starts, from the watcher's buffer after."""
+        if self._pump is None:  # the app's own read (the watcher waits until it returns)
+            self._direct += 1
+            try:
+                message = await self._receive()
+            finally:
+                self._direct -= 1
+            self._may_read_ahead = True
+            if message["type"] == "http.disconnect":
+                self._note(message)
+            if self._pump_wanted and not self._direct:
+                self._pump_wanted = False
+                self._start_pump()
+            return message
         while True:
             buffer = self.buffer
             if buffer:
@@ -657,22 +671,7 @@ class _Exchange(deadline_scope):
                 return message
             if self._pump_error is not None:
                 raise self._pump_error
-            if self._pump is None:
-                return await self._read_direct()
             await self._arrival()
-
-    async def _read_direct(self) -> Message:
-        self._direct += 1
-        try:
-            message = await self._receive()
-        finally:
-            self._direct -= 1
-        self._may_read_ahead = True
-        self._note(message)
-        if self._pump_wanted and not self._direct:
-            self._pump_wanted = False
-            self._start_pump()
-        return message
 
     def send(self, message: Message) -> Awaitable[None]:
         """Pass `message` on, keeping it as the last one sent (`started`, `complete`).
