@@ -38,10 +38,22 @@ into `DeadlineExceeded` (the request's deadline was binding) or `TotalTimeout` (
 call's own timeout or `total` was). A call cut short once it started counts as sent:
 the server may have it, so it is not `retry_safe`.
 
+Only a ``DEADLINE_EXCEEDED`` of ours is translated: one that comes sooner than a hop's
+reserve (100 ms, or a tenth of the timeout) before the call's end is the downstream's
+own limit, and stays grpc's `AioRpcError`.
+
 Calls keep grpc.aio's call API (metadata, `code()`, `cancel()`, ``write()`` /
-``done_writing()``). A unary-unary call is awaited by the interceptor itself, so it is
-reported to observers and its errors translated however the caller uses it; a
-stream-unary call is where it is awaited, a response stream as it is read.
+``done_writing()``): `continuation` returns the call, never raises, so outer
+interceptors (retries, tracing) read its status as usual, and only awaiting a unary
+response (or reading a stream) raises the translated error. Observers hear of every
+call when it ends, however the caller uses it: awaited, only its `code()` read,
+cancelled or dropped half-read.
+
+Server side, the handler keeps its shape (an async generator stays one), so that
+interceptors outside this one can wrap it; an outer interceptor iterating a streaming
+handler sees no items, as this one writes them itself (`context.write`), inside the
+deadline. The budget counts from the RPC's arrival at this interceptor: time spent in
+inner interceptors or reading the request is spent from it.
 
 Only async (grpc.aio) handlers are wrapped; sync handlers pass through unchanged.
 """
@@ -107,10 +119,9 @@ class DeadlineInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         header = wire.header_budget(metadata)
         if handler is None:
             if _events.active():
-                rpc = _Rpc(_inbound.UNMATCHED, limits_, self._reserve, header)
-                rpc.report_unknown(started)
+                _Rpc(_inbound.UNMATCHED, limits_, self._reserve, header, started).report_unknown()
             return None  # grpc.aio answers UNIMPLEMENTED
-        rpc = _Rpc(method, limits_, self._reserve, header)
+        rpc = _Rpc(method, limits_, self._reserve, header, started)
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
             behavior = getattr(handler, kind, None)
             if behavior is not None and _is_async(behavior):
@@ -160,6 +171,9 @@ _ANSWERS = frozenset(
 )
 
 
+_NONE: tuple[Any, ...] = ()
+
+
 def _status_outcome(code: Any) -> RequestOutcome:
     """The outcome of a handler that ended with status `code` (None: it set none, OK)."""
     if code is None or code == grpc.StatusCode.OK or code in _ANSWERS:
@@ -168,12 +182,15 @@ def _status_outcome(code: Any) -> RequestOutcome:
 
 
 class _Rpc:
-    """The deadline rules for one incoming RPC."""
+    """The deadline rules for one incoming RPC, which arrived at `arrived` (a clock reading)."""
 
-    __slots__ = ("header", "limits", "method", "reserve")
+    __slots__ = ("arrived", "header", "limits", "method", "reserve")
 
-    def __init__(self, method: str, limits_: Limits, reserve: float, header: float | None) -> None:
+    def __init__(
+        self, method: str, limits_: Limits, reserve: float, header: float | None, arrived: float
+    ) -> None:
         self.method, self.limits, self.reserve, self.header = method, limits_, reserve, header
+        self.arrived = arrived
 
     def budget(self, left: float | None) -> float:
         """min(time_remaining `left`, metadata header, maximum) or default, minus reserve."""
@@ -183,17 +200,24 @@ class _Rpc:
         chosen = self.limits.default if not found else min(min(found), self.limits.maximum)
         return max(0.0, chosen - self.reserve)
 
-    def report_unknown(self, started: float) -> None:
+    def report_unknown(self) -> None:
         """Events for an RPC to a method the server does not know (UNIMPLEMENTED: 501)."""
         budget = self.budget(None)  # the caller's grpc-timeout is not known before a handler
         _events.emit(_events.RequestStarted(self.method, budget))
-        duration = _clock.now() - started
+        duration = _clock.now() - self.arrived
         _events.emit(_events.RequestFinished(self.method, "error", duration, budget))
 
-    def wrap(self, behavior: Any, streams_out: bool) -> Callable[[Any, Any], Awaitable[Any]]:
+    def wrap(self, behavior: Any, streams_out: bool) -> Callable[[Any, Any], Any]:
+        """The handler's `behavior` run under the deadline, in the same shape (coroutine
+        function or async generator function) so that outer interceptors can wrap it."""
+
         async def run(request: Any, context: Any) -> Any:
-            started = _clock.now()
-            budget = self.budget(context.time_remaining())
+            # The budget counts from the RPC's arrival (`intercept_service`), not from
+            # here: inner interceptors and the request's reading spend it too.
+            # `time_remaining()` is read now, so it is moved back to the arrival.
+            waited = _clock.now() - self.arrived
+            left = context.time_remaining()
+            budget = self.budget(None if left is None else left + waited)
             if _events.active():
                 _events.emit(_events.RequestStarted(self.method, budget))
             outcome: RequestOutcome = "error"
@@ -203,9 +227,15 @@ class _Rpc:
                     await context.abort(
                         grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded on arrival"
                     )
+                if budget <= waited:
+                    outcome = "deadline"
+                    await context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"deadline exceeded before the handler ran ({waited * 1000:.0f} ms)",
+                    )
                 result: Any = None
                 try:
-                    async with deadline_scope(budget):
+                    async with deadline_scope(budget - waited):
                         result = behavior(request, context)
                         if not streams_out:
                             answer = await result
@@ -245,10 +275,21 @@ class _Rpc:
                 return answer
             finally:
                 if _events.active():
-                    duration = _clock.now() - started
+                    duration = _clock.now() - self.arrived
                     _events.emit(_events.RequestFinished(self.method, outcome, duration, budget))
 
-        return run
+        if not inspect.isasyncgenfunction(behavior):
+            return run
+
+        async def run_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            # An async generator, as the app's handler is: an outer interceptor that
+            # iterates it (``async for r in behavior(...)``, as tracing ones do) gets no
+            # items, since `run` writes each one with `context.write` inside the deadline.
+            await run(request, context)
+            for item in _NONE:  # never: `run` wrote the replies
+                yield item
+
+        return run_stream
 
 
 def client_interceptors(*, dependency: Dependency | None = None) -> list[Any]:
@@ -270,10 +311,17 @@ def client_interceptors(*, dependency: Dependency | None = None) -> list[Any]:
     ]
 
 
+# A server answers DEADLINE_EXCEEDED a reserve before the deadline it was sent (our
+# interceptor: 50 ms by default), so one that comes this close to our own end is ours.
+# Sooner, it is the downstream's own limit (or one of its calls'), not ours to blame.
+_HOP_RESERVE = 0.1  # seconds, or a tenth of the timeout if more
+_REPORTS: set[asyncio.Task[None]] = set()  # `_Call._report` tasks, held until they end
+
+
 class _Call:
     """One outbound call's limits: the timeout to send and the error for DEADLINE_EXCEEDED."""
 
-    __slots__ = ("awaited", "budget", "own", "own_binding", "timeout")
+    __slots__ = ("budget", "own", "own_binding", "timeout")
 
     def __init__(self, dependency: Dependency, own: float | None) -> None:
         self.budget = CallBudget(dependency)  # raises BudgetExhausted: nothing sent
@@ -281,66 +329,104 @@ class _Call:
         self.own = own
         self.own_binding = own is not None and own < left
         self.timeout = left if own is None else min(own, left)
-        self.awaited = False
 
     def details(self, details: Any) -> Any:
         return details._replace(timeout=self.timeout)
 
-    def started(self) -> None:
-        """The RPC is under way: grpc may have written the request, so a cut is not retry-safe."""
+    def started(self, real: Any) -> None:
+        """The RPC `real` is under way: grpc may have written the request, so a cut is
+        not retry-safe. Observers hear of its end however the caller uses it."""
         self.budget.request_sent = True
         self.budget.phase = "body"
+        if _events._observers:
+            self.budget.__enter__()  # CallStarted; `finish` reports the end, once
+            self._follow(real)
 
-    def error(self, exc: grpc.aio.AioRpcError) -> TimeoutError | None:
-        """The deadlines error for a failed call, or None when it is not a timeout."""
-        if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
-            return None
+    def error(self, exc: BaseException) -> BaseException:
+        """What the caller gets for `exc`: ours for our DEADLINE_EXCEEDED, else `exc`."""
+        if not self._ours(exc):
+            return exc
         if self.own_binding:
             assert self.own is not None
+            elapsed = _clock.now() - self.budget.start
+            dependency = self.budget.dependency.name
             return TotalTimeout(
-                limit=self.own,
-                elapsed=_clock.now() - self.budget.start,
-                dependency=self.budget.dependency.name,
-                phase="body",
+                limit=self.own, elapsed=elapsed, dependency=dependency, phase="body"
             )
         return self.budget.timeout("total")
 
-    async def unary(self, call: Any) -> Any:
-        if self.awaited:  # a call awaited again answers again; report it only once
-            return await self._response(call)
-        self.awaited = True
-        with self.budget:
-            return await self._response(call)
+    def _ours(self, exc: BaseException) -> bool:
+        """Whether `exc` is the DEADLINE_EXCEEDED of our timeout (see `_HOP_RESERVE`)."""
+        if not isinstance(exc, grpc.aio.AioRpcError):
+            return False
+        if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:
+            return False
+        elapsed = _clock.now() - self.budget.start
+        return elapsed >= self.timeout - max(_HOP_RESERVE, self.timeout / 10)
 
-    async def _response(self, call: Any) -> Any:
+    def end(self, exc: BaseException) -> BaseException:
+        """The call failed with `exc`: report it, and return what the caller raises."""
+        error = self.error(exc)
+        self.budget.finish(error)
+        return error
+
+    async def unary(self, call: Any) -> Any:
         try:
-            return await call
-        except grpc.aio.AioRpcError as exc:
-            error = self.error(exc)
-            if error is None:
+            answer = await call
+        except BaseException as exc:
+            error = self.end(exc)
+            if error is exc:
                 raise
             raise error from exc
+        self.budget.finish()
+        return answer
 
     async def stream(self, call: Any) -> AsyncIterator[Any]:
-        with self.budget:
-            try:
-                async for item in call:
-                    yield item
-            except grpc.aio.AioRpcError as exc:
-                error = self.error(exc)
-                if error is None:
-                    raise
-                raise error from exc
+        try:
+            async for item in call:
+                yield item
+        except BaseException as exc:
+            error = self.end(exc)
+            if error is exc:
+                raise
+            raise error from exc
+        self.budget.finish()
+
+    def _follow(self, real: Any) -> None:
+        """Report the call when it ends, unless the caller's await or read did first: a
+        call nobody awaits, a stream dropped or cancelled half-read, still ends."""
+        loop = asyncio.get_running_loop()
+
+        def ended(_: Any) -> None:
+            if not self.budget._finished:
+                task = loop.create_task(self._report(real))
+                _REPORTS.add(task)
+                task.add_done_callback(_REPORTS.discard)
+
+        try:
+            real.add_done_callback(ended)
+        except NotImplementedError:  # an inner interceptor answered a bare response
+            ended(real)
+
+    async def _report(self, real: Any) -> None:
+        """The ended call's status, reported as the caller's await would have."""
+        error: BaseException | None = None
+        code = await real.code()
+        if code == grpc.StatusCode.CANCELLED:
+            error = asyncio.CancelledError()
+        elif code != grpc.StatusCode.OK:
+            error = self.error(grpc.aio.AioRpcError(code, details=await real.details()))
+        self.budget.finish(error)
 
 
-class _StreamUnaryAnswer(grpc.aio.StreamUnaryCall):  # type: ignore[misc]
-    """grpc.aio's stream-unary call, except that awaiting it goes through `_Call`.
+class _Answer:
+    """grpc.aio's unary-response call, except that awaiting it goes through `_Call`.
 
-    The interceptor cannot await the response itself, as the unary-unary one does:
-    grpc.aio wraps a bare response into a call only for unary-unary, and its
-    ``write()`` proxy waits for the interceptor, which would wait for the response. So
-    it returns this at once; everything but the response is the real call's. The call
-    is reported to observers when it is awaited through this object.
+    Returned by the interceptor at once: its errors are translated where the caller
+    awaits it, while everything else (``code()``, metadata, ``cancel()``) is the real
+    call's, as grpc.aio's contract has it (an outer interceptor such as a retry reads
+    ``await call.code()``). The stream-unary interceptor could not await the response
+    itself anyway: grpc.aio's ``write()`` proxy waits for the interceptor.
     """
 
     def __init__(self, call: Any, limits: _Call) -> None:
@@ -383,6 +469,14 @@ class _StreamUnaryAnswer(grpc.aio.StreamUnaryCall):  # type: ignore[misc]
     async def wait_for_connection(self) -> None:
         await self._call.wait_for_connection()
 
+
+class _UnaryUnaryAnswer(_Answer, grpc.aio.UnaryUnaryCall):  # type: ignore[misc]
+    """`_Answer` for a unary-unary call."""
+
+
+class _StreamUnaryAnswer(_Answer, grpc.aio.StreamUnaryCall):  # type: ignore[misc]
+    """`_Answer` for a stream-unary call, with its writing side."""
+
     async def write(self, request: Any) -> None:
         await self._call.write(request)
 
@@ -404,18 +498,15 @@ class _UnaryUnary(_Interceptor, grpc.aio.UnaryUnaryClientInterceptor):  # type: 
     async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
         call = _Call(self._dependency, details.timeout)
         real = await continuation(call.details(details), request)
-        call.started()
-        # Awaited here, so the call is reported and its errors translated even when
-        # nobody awaits the response (its code read, an outer interceptor cut short).
-        await call.unary(real)
-        return real  # done: grpc.aio hands the caller its response, metadata and code
+        call.started(real)
+        return _UnaryUnaryAnswer(real, call)
 
 
 class _UnaryStream(_Interceptor, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         call = _Call(self._dependency, details.timeout)
         real = await continuation(call.details(details), request)
-        call.started()
+        call.started(real)
         return call.stream(real)
 
 
@@ -425,7 +516,7 @@ class _StreamUnary(_Interceptor, grpc.aio.StreamUnaryClientInterceptor):  # type
     ) -> Any:
         call = _Call(self._dependency, details.timeout)
         real = await continuation(call.details(details), request_iterator)
-        call.started()
+        call.started(real)
         return _StreamUnaryAnswer(real, call)
 
 
@@ -435,5 +526,5 @@ class _StreamStream(_Interceptor, grpc.aio.StreamStreamClientInterceptor):  # ty
     ) -> Any:
         call = _Call(self._dependency, details.timeout)
         real = await continuation(call.details(details), request_iterator)
-        call.started()
+        call.started(real)
         return call.stream(real)
