@@ -411,11 +411,14 @@ class _Call:
     async def _report(self, real: Any) -> None:
         """The ended call's status, reported as the caller's await would have."""
         error: BaseException | None = None
-        code = await real.code()
-        if code == grpc.StatusCode.CANCELLED:
-            error = asyncio.CancelledError()
-        elif code != grpc.StatusCode.OK:
-            error = self.error(grpc.aio.AioRpcError(code, details=await real.details()))
+        try:
+            code = await real.code()
+            if code == grpc.StatusCode.CANCELLED:
+                error = asyncio.CancelledError()
+            elif code != grpc.StatusCode.OK:
+                error = self.error(grpc.aio.AioRpcError(code, details=await real.details()))
+        except Exception as exc:  # an inner interceptor's call that fails to say
+            error = exc
         self.budget.finish(error)
 
 
