@@ -26,7 +26,8 @@ What WSGI cannot do:
   next bounded wait (an outbound call, a query) or at `deadlines.check()`.
 * **No caller-left signal.** WSGI gives the app no notice that the client went away;
   the server finds out only when it writes the response. Propagating the deadline is
-  the only way a WSGI hop stops early, so keep budgets tight.
+  the only way a WSGI hop stops early, so keep budgets tight. A body the server stops
+  reading before its end (the client went away) is reported `caller_left`.
 """
 
 from __future__ import annotations
@@ -289,7 +290,8 @@ class _Body:
         return chunk
 
     def close(self) -> None:
-        """Close the app's iterable (WSGI requires it) and report the end."""
+        """Close the app's iterable (WSGI requires it) and report the end: a body the
+        server stopped reading before its end was abandoned, the caller having left."""
         try:
             close = getattr(self._result, "close", None)
             if close is not None:
@@ -299,7 +301,10 @@ class _Body:
                 finally:
                     _frame_var.reset(token)
         finally:
-            self._finish()
+            if self._ended:
+                self._finish()
+            else:  # servers read a body to its end unless the client went away
+                self._report.finish("caller_left")
 
     def _finish(self) -> None:
         self._report.finish(self._info.outcome())
