@@ -17,26 +17,33 @@ middleware checks the connection every `watch_every` seconds while the handler r
 once it is gone, cancels the handler's task with a `CallerLeft` reason. aiohttp has no
 public callback for a lost connection; the check reads `request.transport`, which
 aiohttp clears when the connection is lost.
+
+A body made by an async iterator (``web.Response(body=agen())``) is produced by aiohttp
+after the middleware returned: each of its steps runs under the request's deadline and
+connection watch, and the request is reported when the body ends. A request that
+upgrades to a WebSocket keeps its deadline until the `WebSocketResponse` is prepared;
+the session then runs without one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import _clock, _events, _inbound, _loop, _validate, wire
+from . import _alarms, _clock, _events, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
+from ._scope import _exceeded
+from ._scope import _frame as _frame_var
 from ._scope import scope as deadline_scope
 
 try:
-    from aiohttp import web
+    from aiohttp import HttpVersion11, web
+    from aiohttp.payload import AsyncIterablePayload
 except ImportError as exc:  # pragma: no cover - exercised without aiohttp installed
     raise ImportError(
         "deadlines.aiohttp_web needs aiohttp: pip install 'deadlines[aiohttp]'"
@@ -87,28 +94,22 @@ class DeadlineMiddleware:
         self._last: tuple[asyncio.AbstractEventLoop | None, _Poller | None] = (None, None)
 
     async def __call__(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        """Run `handler` under the request's deadline (WebSocket upgrades pass through)."""
-        if request.headers.get("Upgrade", "").lower() == "websocket" and _handshake(request):
-            # A WebSocket session outlives any request budget (ASGI's websocket scopes
-            # pass through the same way); browsers cannot even send a deadline header.
-            return await handler(request)
+        """Run `handler` under the request's deadline (a WebSocket it accepts runs on
+        without one)."""
         started = _clock.now()
         route, limits_ = self._route(request)
-        getall = request.headers.getall
-        headers = [
-            (wire.HEADER if name == self._header else name, value)
-            for name in self._names
-            for value in getall(name, ())
-        ]
+        headers = self._deadline_headers(request)
         budget = _inbound.budget(headers, limits_, self._reserve)
         if _events.active():
             _events.emit(_events.RequestStarted(route, budget))
-        outcome: RequestOutcome = "error"
+        watch = _Watch(request, self._poller(), started, route, budget)
+        outcome: RequestOutcome | None = "error"  # None: the response's body reports it
         try:
             if budget <= 0.0:
                 outcome = "budget_exhausted"
                 return self._timeout(headers, limits_, budget, started)
-            watch = _Watch(request, self._poller(), started)
+            if request.headers.get("Upgrade", "").lower() == "websocket":
+                watch.await_upgrade()
             try:
                 response = await watch.run(handler, budget)
             except asyncio.CancelledError:
@@ -133,16 +134,51 @@ class DeadlineMiddleware:
                     raise
                 # Our deadline cut only what the handler did after a whole response.
                 outcome = "ok"
-                return _Delivered()
+                return _Delivered(request.keep_alive)
             if watch.caller_left is not None:
                 outcome = "caller_left"
             else:  # a server error the handler answered with is an error
                 outcome = _inbound.answer_outcome(getattr(response, "status", 200))
+                body = response.body if isinstance(response, web.Response) else None
+                if isinstance(body, AsyncIterablePayload) and watch.follow(body, response.status):
+                    outcome = None
             return response
         finally:
-            if _events.active():
-                duration = _clock.now() - started
-                _events.emit(_events.RequestFinished(route, outcome, duration, budget))
+            if outcome is not None:
+                watch.finish(outcome)
+
+    async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
+        """A route's ``expect_handler``: no ``100 Continue`` for a request that arrived
+        with its deadline already passed (aiohttp asks a route's expect handler before
+        any middleware runs).
+
+            app.router.add_post("/upload", upload, expect_handler=middleware.expect_handler)
+
+        An expired request is answered the middleware's 504 at once; any other gets
+        aiohttp's usual answer to ``Expect``.
+        """
+        started = _clock.now()
+        route, limits_ = self._route(request)
+        headers = self._deadline_headers(request)
+        budget = _inbound.budget(headers, limits_, self._reserve)
+        if budget > 0.0:
+            await _expect_continue(request)
+            return None
+        # The middleware will not run for this request: it is reported here.
+        response = self._timeout(headers, limits_, budget, started)
+        if _events.active():
+            duration = _clock.now() - started
+            _events.emit(_events.RequestStarted(route, budget))
+            _events.emit(_events.RequestFinished(route, "budget_exhausted", duration, budget))
+        return response
+
+    def _deadline_headers(self, request: web.Request) -> list[tuple[str, str]]:
+        getall = request.headers.getall
+        return [
+            (wire.HEADER if name == self._header else name, value)
+            for name in self._names
+            for value in getall(name, ())
+        ]
 
     def _poller(self) -> _Poller:
         loop = _loop.running() or asyncio.get_running_loop()
@@ -161,7 +197,11 @@ class DeadlineMiddleware:
         resource = getattr(route, "resource", None)
         template = resource.canonical if resource is not None else None
         pattern, table_limits = self._table.match(request.method, request.path)
-        marked = _inbound.limits_of(getattr(route, "handler", None))
+        handler = getattr(route, "handler", None)
+        marked = _inbound.limits_of(handler)
+        if isinstance(handler, type):  # a class-based view: its method's mark wins
+            method = getattr(handler, request.method.lower(), None)
+            marked = _inbound.limits_of(method) or marked
         return template or pattern or _inbound.UNMATCHED, marked or table_limits
 
     def _timeout(
@@ -180,24 +220,16 @@ class DeadlineMiddleware:
         )
 
 
-def _handshake(request: web.Request) -> bool:
-    """Whether the request is a whole WebSocket handshake (RFC 6455: GET, ``Connection:
-    upgrade``, version 13, a 16-byte key; the caller checked ``Upgrade``): a lone
-    ``Upgrade`` header does not skip the deadline.
-
-    Checked here rather than with aiohttp's `WebSocketResponse.can_prepare`, which
-    warns about every subprotocol a client offers that its probe does not know.
-    """
-    headers = request.headers
-    if request.method != "GET" or headers.get("Sec-WebSocket-Version") != "13":
-        return False
-    tokens = {token.strip().lower() for token in headers.get("Connection", "").split(",")}
-    if "upgrade" not in tokens:
-        return False
-    try:
-        return len(base64.b64decode(headers.get("Sec-WebSocket-Key", ""), validate=True)) == 16
-    except binascii.Error:
-        return False
+async def _expect_continue(request: web.Request) -> None:
+    """aiohttp's answer to ``Expect`` (what a route without an expect handler gets):
+    ``100 Continue``, or 417 for an expectation it does not know."""
+    expect = request.headers.get("Expect", "")
+    if request.version != HttpVersion11:
+        return
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+    request.writer.output_size = 0  # the response itself has not started
 
 
 def _delivered(request: web.Request) -> bool:
@@ -214,8 +246,18 @@ class _Delivered(web.StreamResponse):
     deadline cut the handler's later work: nothing more is written.
 
     The handler's own response is lost with its exception, so aiohttp's access log
-    shows this stand-in's status (200) and no body; the connection is then closed.
+    shows this stand-in's status (200) and no body. The connection is kept as the
+    request asked (`keep_alive`), as the handler's response would have kept it.
     """
+
+    def __init__(self, keep_alive: bool) -> None:
+        super().__init__()
+        self._kept = keep_alive
+
+    @property
+    def keep_alive(self) -> bool:
+        """Whether aiohttp keeps the connection for the caller's next request."""
+        return self._kept
 
     async def prepare(self, request: web.BaseRequest) -> None:
         return None
@@ -267,24 +309,41 @@ class _Poller:
 
 
 class _Watch:
-    """Runs one handler under the deadline and cancels it when the connection is lost."""
+    """Runs one handler under the deadline, cancels it when the connection is lost, and
+    reports the request once (after a streamed body, when that body ends)."""
 
-    __slots__ = ("_cancels", "_host", "_poller", "_started", "apps_own", "caller_left", "request")
+    __slots__ = (
+        "_answered", "_cancels", "_cut", "_host", "_poller", "_scope", "_started",
+        "_stepping", "_streaming", "apps_own", "budget", "caller_left", "reported",
+        "request", "route", "upgraded",
+    )  # fmt: skip
 
-    def __init__(self, request: web.Request, poller: _Poller, started: float) -> None:
+    def __init__(
+        self, request: web.Request, poller: _Poller, started: float, route: str, budget: float
+    ) -> None:
         self.request = request
+        self.route = route
+        self.budget = budget
         self._poller = poller
         self._started = started
         self._host: asyncio.Task[Any] | None = None
+        self._scope: deadline_scope | None = None
         self._cancels = 0
         self.caller_left: CallerLeft | None = None
         self.apps_own = False  # the handler raised a DeadlineExceeded of its own
+        self.upgraded = False  # a WebSocketResponse was prepared: no deadline from then
+        self.reported = False
+        self._streaming = False  # the request ends with a streamed body (`follow`)
+        self._stepping = False  # one of its steps (the app's code) is running
+        self._answered: RequestOutcome = "ok"  # a streamed body's outcome if it ends well
+        self._cut: RequestOutcome | None = None  # how a streamed body was cut short
 
     async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
         self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
         self._poller.add(self)
+        request_scope = self._scope = deadline_scope(budget)
         try:
-            async with deadline_scope(budget):
+            async with request_scope:
                 try:
                     response = await handler(self.request)
                 except DeadlineExceeded:  # ours reaches the handler as a cancellation
@@ -316,18 +375,137 @@ class _Watch:
             self._uncancel()
         return response
 
+    def finish(self, outcome: RequestOutcome) -> None:
+        """Emit the request's `RequestFinished`, once."""
+        if self.reported:
+            return
+        self.reported = True
+        if _events.active():
+            duration = _clock.now() - self._started
+            _events.emit(_events.RequestFinished(self.route, outcome, duration, self.budget))
+
     def gone(self) -> bool:
-        """The connection is lost and the response was not whole: the caller left."""
-        return self.request.transport is None and not _delivered(self.request)
+        """The connection is lost and the response was not whole: the caller left. (The
+        peer of a WebSocket session closing it is not a caller leaving a request.)"""
+        return self.request.transport is None and not _delivered(self.request) and not self.upgraded
 
     def cancel_host(self) -> None:
-        """The connection is gone: cancel the handler with a `CallerLeft` reason."""
-        host = self._host
-        if host is None or host.done():
-            return
+        """The connection is gone: cancel the handler with a `CallerLeft` reason (a
+        streamed body only while its own code runs: aiohttp's write fails by itself)."""
         self.caller_left = self._left()
+        host = self._host
+        if host is None or host.done() or (self._streaming and not self._stepping):
+            return
         host.cancel(msg=self.caller_left)
         self._cancels += 1
+
+    def await_upgrade(self) -> None:
+        """Lift the deadline once the handler prepares a `WebSocketResponse`: a session
+        outlives any request budget, but a request that merely asks to upgrade keeps it.
+
+        aiohttp calls the request's `_prepare_hook` from inside the handler while it
+        prepares a response; an `on_response_prepare` signal would be the public way,
+        but the app is frozen before its first request. Only requests that ask to
+        upgrade get the hook.
+        """
+        original = self.request._prepare_hook
+
+        async def hook(response: web.StreamResponse) -> None:
+            await original(response)
+            if isinstance(response, web.WebSocketResponse):
+                self._lift()
+
+        vars(self.request)["_prepare_hook"] = hook  # aiohttp's debug mode warns on setattr
+
+    def _lift(self) -> None:
+        request_scope = self._scope
+        if request_scope is None or self.upgraded:
+            return
+        timeout = request_scope._timeout
+        if timeout is not None:
+            if timeout.expired():
+                return  # the deadline came first: it cuts the handshake
+            timeout.reschedule(None)
+        self.upgraded = True
+        self._poller.discard(self)
+        if _frame_var.get() is request_scope._frame:
+            _frame_var.set(None)  # the handler's own context: the session sees none
+        self.finish("ok")  # the request was the handshake, answered 101
+
+    def follow(self, body: AsyncIterablePayload, status: int) -> bool:
+        """Take over a response whose body an async iterator makes while aiohttp sends it,
+        after the middleware returned: each step then runs under the request's deadline
+        and connection watch, and the request is reported when the body ends. True if
+        the body is still to be made."""
+        inner = getattr(body, "_iter", None)  # aiohttp's iterator over the app's
+        if inner is None or self._host is None or self._scope is None:
+            return False
+        body._iter = _Steps(inner, self)
+        self._answered = _inbound.answer_outcome(status)
+        self._streaming = True
+        self._poller.add(self)
+        # aiohttp sends the response from the handler's task: its end is the body's.
+        self._host.add_done_callback(self._ended)
+        return True
+
+    async def step(self, inner: AsyncIterator[bytes]) -> bytes:
+        """One step of a streamed body, under the request's own deadline (errors report
+        its budget and the time since arrival)."""
+        if self.caller_left is not None:
+            raise ConnectionResetError("the caller left")
+        assert self._scope is not None
+        frame = self._scope._frame
+        assert frame is not None
+        if frame.at <= _clock.now():
+            self._cut = "deadline"
+            raise _exceeded(frame)
+        loop = _loop.running() or asyncio.get_running_loop()
+        timeout = _alarms.Timeout(loop.time() + frame.remaining())
+        timeout.enter(loop, self._host)
+        token = _frame_var.set(frame)
+        self._stepping = True
+        try:
+            chunk = await inner.__anext__()
+        except StopAsyncIteration:
+            self._leave_step(timeout, token, None)
+            raise
+        except asyncio.CancelledError:
+            fired = self._leave_step(timeout, token, asyncio.CancelledError)
+            if self._cancels:  # ours: the caller left; aiohttp drops the connection quietly
+                self._uncancel()
+                self._cut = "caller_left"
+                raise ConnectionResetError("the caller left") from None
+            if fired:  # the response has started: aiohttp closes the connection
+                self._cut = "deadline"
+                raise _exceeded(frame) from None
+            raise
+        except DeadlineExceeded as exc:  # the app's own (an inner scope, a refused call)
+            self._leave_step(timeout, token, type(exc))
+            self._cut = _inbound.deadline_outcome(exc)
+            raise
+        except BaseException as exc:
+            self._leave_step(timeout, token, type(exc))
+            self._cut = "error"
+            raise
+        self._leave_step(timeout, token, None)
+        return chunk
+
+    def _leave_step(
+        self, timeout: _alarms.Timeout, token: Any, exc_type: type[BaseException] | None
+    ) -> bool:
+        self._stepping = False
+        _frame_var.reset(token)
+        return timeout.leave(exc_type)
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        """The handler's task is done, so is its streamed body: report the request."""
+        self._poller.discard(self)
+        if self._cut is not None:
+            self.finish(self._cut)
+        elif self.caller_left is not None or self.gone():
+            self.finish("caller_left")  # aiohttp's own write found the connection gone
+        else:
+            self.finish(self._answered)
 
     def _left(self) -> CallerLeft:
         elapsed = _clock.now() - self._started
@@ -339,3 +517,19 @@ class _Watch:
         while self._cancels and self._host is not None:
             self._host.uncancel()
             self._cancels -= 1
+
+
+class _Steps:
+    """A streamed body's async iterator, each step run by `_Watch.step`."""
+
+    __slots__ = ("_inner", "_watch")
+
+    def __init__(self, inner: AsyncIterator[bytes], watch: _Watch) -> None:
+        self._inner = inner
+        self._watch = watch
+
+    def __aiter__(self) -> _Steps:
+        return self
+
+    async def __anext__(self) -> bytes:
+        return await self._watch.step(self._inner)
