@@ -1,5 +1,6 @@
 """`DeadlineMiddleware` for WSGI apps (Flask, Django, ...): one deadline per request, stdlib only.
 
+    import deadlines
     from deadlines.wsgi import DeadlineMiddleware
 
     app.wsgi_app = DeadlineMiddleware(app.wsgi_app, default=2.0, maximum=10.0)   # Flask
