@@ -18,9 +18,9 @@ once it is gone, cancels the handler's task with a `CallerLeft` reason. aiohttp 
 public callback for a lost connection; the check reads `request.transport`, which
 aiohttp clears when the connection is lost.
 
-A body made by an async iterator (``web.Response(body=agen())``) is produced by aiohttp
-after the middleware returned: each of its steps runs under the request's deadline and
-connection watch, and the request is reported when the body ends. A request that
+A body made by an async iterator (``web.Response(body=agen())``), which aiohttp would
+make after the middleware returned, is sent by the middleware itself, inside the
+deadline and the connection watch, as if the handler had written it. A request that
 upgrades to a WebSocket keeps its deadline until the `WebSocketResponse` is prepared;
 the session then runs without one.
 """
@@ -29,15 +29,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+import math
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import _alarms, _clock, _events, _inbound, _loop, _validate, wire
+from . import _clock, _events, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
-from ._scope import _exceeded
+from ._scope import _Frame
 from ._scope import _frame as _frame_var
 from ._scope import scope as deadline_scope
 
@@ -103,7 +104,7 @@ class DeadlineMiddleware:
         if _events.active():
             _events.emit(_events.RequestStarted(route, budget))
         watch = _Watch(request, self._poller(), started, route, budget)
-        outcome: RequestOutcome | None = "error"  # None: the response's body reports it
+        outcome: RequestOutcome = "error"
         try:
             if budget <= 0.0:
                 outcome = "budget_exhausted"
@@ -125,7 +126,7 @@ class DeadlineMiddleware:
                 raise
             except DeadlineExceeded as exc:
                 outcome = _inbound.deadline_outcome(exc)
-                if request.writer.output_size == 0:
+                if not _response_started(request):
                     return self._timeout(headers, limits_, budget, started)
                 if not _delivered(request):
                     raise  # the response is half out: aiohttp closes the connection
@@ -134,18 +135,14 @@ class DeadlineMiddleware:
                     raise
                 # Our deadline cut only what the handler did after a whole response.
                 outcome = "ok"
-                return _Delivered(request.keep_alive)
+                return _Delivered(_keeps(request))
             if watch.caller_left is not None:
                 outcome = "caller_left"
             else:  # a server error the handler answered with is an error
                 outcome = _inbound.answer_outcome(getattr(response, "status", 200))
-                body = response.body if isinstance(response, web.Response) else None
-                if isinstance(body, AsyncIterablePayload) and watch.follow(body, response.status):
-                    outcome = None
             return response
         finally:
-            if outcome is not None:
-                watch.finish(outcome)
+            watch.finish(outcome)
 
     async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
         """A route's ``expect_handler``: no ``100 Continue`` for a request that arrived
@@ -232,6 +229,36 @@ async def _expect_continue(request: web.Request) -> None:
     request.writer.output_size = 0  # the response itself has not started
 
 
+def _response_started(request: web.Request) -> bool:
+    """Whether a response was begun on the connection: bytes written, or headers that
+    aiohttp holds back to send with the first chunk (its writer's `_headers_buf`). A
+    504 can no longer take its place: the writer is set for that response (its length,
+    its chunking)."""
+    writer = request.writer
+    return writer.output_size > 0 or getattr(writer, "_headers_buf", None) is not None
+
+
+def _keeps(request: web.Request) -> bool:
+    """Whether the connection may serve the caller's next request after a whole response
+    the handler's lost response sent: the caller asked for it and the body was framed
+    (a length, or chunks). An HTTP/1.0 body without a length ends with the connection.
+    A handler's own `force_close()` is not known here: the caller, told ``Connection:
+    close``, closes it."""
+    writer = request.writer
+    framed = bool(getattr(writer, "chunked", False)) or getattr(writer, "length", None) is not None
+    return request.keep_alive and framed
+
+
+def _made_later(response: object) -> bool:
+    """Whether `response` is a `web.Response` whose body an async iterator makes while
+    aiohttp sends it (``web.Response(body=agen())``), not sent yet."""
+    return (
+        isinstance(response, web.Response)
+        and not response.prepared
+        and isinstance(response.body, AsyncIterablePayload)
+    )
+
+
 def _delivered(request: web.Request) -> bool:
     """Whether the whole response went out (`StreamResponse.write_eof` ran).
 
@@ -313,9 +340,8 @@ class _Watch:
     reports the request once (after a streamed body, when that body ends)."""
 
     __slots__ = (
-        "_answered", "_cancels", "_cut", "_host", "_poller", "_scope", "_started",
-        "_stepping", "_streaming", "apps_own", "budget", "caller_left", "reported",
-        "request", "route", "upgraded",
+        "_cancels", "_host", "_outer", "_poller", "_scope", "_started", "apps_own", "budget",
+        "caller_left", "reported", "request", "route", "upgraded",
     )  # fmt: skip
 
     def __init__(
@@ -328,24 +354,27 @@ class _Watch:
         self._started = started
         self._host: asyncio.Task[Any] | None = None
         self._scope: deadline_scope | None = None
+        self._outer: _Frame | None = None
         self._cancels = 0
         self.caller_left: CallerLeft | None = None
         self.apps_own = False  # the handler raised a DeadlineExceeded of its own
         self.upgraded = False  # a WebSocketResponse was prepared: no deadline from then
         self.reported = False
-        self._streaming = False  # the request ends with a streamed body (`follow`)
-        self._stepping = False  # one of its steps (the app's code) is running
-        self._answered: RequestOutcome = "ok"  # a streamed body's outcome if it ends well
-        self._cut: RequestOutcome | None = None  # how a streamed body was cut short
 
     async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
         self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
         self._poller.add(self)
         request_scope = self._scope = deadline_scope(budget)
+        self._outer = _frame_var.get()  # an outer scope's frame binds if nearer
         try:
             async with request_scope:
                 try:
                     response = await handler(self.request)
+                    if _made_later(response):
+                        # aiohttp would make this body after we return, outside the
+                        # deadline and the watch: sent here, as if the handler wrote it.
+                        await response.prepare(self.request)
+                        await response.write_eof()
                 except DeadlineExceeded:  # ours reaches the handler as a cancellation
                     self.apps_own = True
                     raise
@@ -390,12 +419,11 @@ class _Watch:
         return self.request.transport is None and not _delivered(self.request) and not self.upgraded
 
     def cancel_host(self) -> None:
-        """The connection is gone: cancel the handler with a `CallerLeft` reason (a
-        streamed body only while its own code runs: aiohttp's write fails by itself)."""
-        self.caller_left = self._left()
+        """The connection is gone: cancel the handler with a `CallerLeft` reason."""
         host = self._host
-        if host is None or host.done() or (self._streaming and not self._stepping):
+        if host is None or host.done():
             return
+        self.caller_left = self._left()
         host.cancel(msg=self.caller_left)
         self._cancels += 1
 
@@ -428,84 +456,15 @@ class _Watch:
             timeout.reschedule(None)
         self.upgraded = True
         self._poller.discard(self)
-        if _frame_var.get() is request_scope._frame:
-            _frame_var.set(None)  # the handler's own context: the session sees none
+        frame = request_scope._frame
+        if frame is not None and frame is not self._outer:  # ours, not an outer scope's
+            # Lifted in every context that holds it (a child task's copy, if the
+            # handler prepares the socket in one); and gone from this one.
+            frame.at = math.inf
+            frame._deadline = None
+            if _frame_var.get() is frame:
+                _frame_var.set(None)
         self.finish("ok")  # the request was the handshake, answered 101
-
-    def follow(self, body: AsyncIterablePayload, status: int) -> bool:
-        """Take over a response whose body an async iterator makes while aiohttp sends it,
-        after the middleware returned: each step then runs under the request's deadline
-        and connection watch, and the request is reported when the body ends. True if
-        the body is still to be made."""
-        inner = getattr(body, "_iter", None)  # aiohttp's iterator over the app's
-        if inner is None or self._host is None or self._scope is None:
-            return False
-        body._iter = _Steps(inner, self)
-        self._answered = _inbound.answer_outcome(status)
-        self._streaming = True
-        self._poller.add(self)
-        # aiohttp sends the response from the handler's task: its end is the body's.
-        self._host.add_done_callback(self._ended)
-        return True
-
-    async def step(self, inner: AsyncIterator[bytes]) -> bytes:
-        """One step of a streamed body, under the request's own deadline (errors report
-        its budget and the time since arrival)."""
-        if self.caller_left is not None:
-            raise ConnectionResetError("the caller left")
-        assert self._scope is not None
-        frame = self._scope._frame
-        assert frame is not None
-        if frame.at <= _clock.now():
-            self._cut = "deadline"
-            raise _exceeded(frame)
-        loop = _loop.running() or asyncio.get_running_loop()
-        timeout = _alarms.Timeout(loop.time() + frame.remaining())
-        timeout.enter(loop, self._host)
-        token = _frame_var.set(frame)
-        self._stepping = True
-        try:
-            chunk = await inner.__anext__()
-        except StopAsyncIteration:
-            self._leave_step(timeout, token, None)
-            raise
-        except asyncio.CancelledError:
-            fired = self._leave_step(timeout, token, asyncio.CancelledError)
-            if self._cancels:  # ours: the caller left; aiohttp drops the connection quietly
-                self._uncancel()
-                self._cut = "caller_left"
-                raise ConnectionResetError("the caller left") from None
-            if fired:  # the response has started: aiohttp closes the connection
-                self._cut = "deadline"
-                raise _exceeded(frame) from None
-            raise
-        except DeadlineExceeded as exc:  # the app's own (an inner scope, a refused call)
-            self._leave_step(timeout, token, type(exc))
-            self._cut = _inbound.deadline_outcome(exc)
-            raise
-        except BaseException as exc:
-            self._leave_step(timeout, token, type(exc))
-            self._cut = "error"
-            raise
-        self._leave_step(timeout, token, None)
-        return chunk
-
-    def _leave_step(
-        self, timeout: _alarms.Timeout, token: Any, exc_type: type[BaseException] | None
-    ) -> bool:
-        self._stepping = False
-        _frame_var.reset(token)
-        return timeout.leave(exc_type)
-
-    def _ended(self, task: asyncio.Task[Any]) -> None:
-        """The handler's task is done, so is its streamed body: report the request."""
-        self._poller.discard(self)
-        if self._cut is not None:
-            self.finish(self._cut)
-        elif self.caller_left is not None or self.gone():
-            self.finish("caller_left")  # aiohttp's own write found the connection gone
-        else:
-            self.finish(self._answered)
 
     def _left(self) -> CallerLeft:
         elapsed = _clock.now() - self._started
@@ -517,19 +476,3 @@ class _Watch:
         while self._cancels and self._host is not None:
             self._host.uncancel()
             self._cancels -= 1
-
-
-class _Steps:
-    """A streamed body's async iterator, each step run by `_Watch.step`."""
-
-    __slots__ = ("_inner", "_watch")
-
-    def __init__(self, inner: AsyncIterator[bytes], watch: _Watch) -> None:
-        self._inner = inner
-        self._watch = watch
-
-    def __aiter__(self) -> _Steps:
-        return self
-
-    async def __anext__(self) -> bytes:
-        return await self._watch.step(self._inner)

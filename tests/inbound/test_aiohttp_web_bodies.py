@@ -7,7 +7,7 @@ import asyncio
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import aiohttp
 import httpx
@@ -21,6 +21,8 @@ from .apps import Record
 from .conftest import Events, read_response, serve_aiohttp
 
 pytestmark = pytest.mark.realtime
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 HANDSHAKE = (
     "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
@@ -106,7 +108,40 @@ def build(record: Record, deadline: DeadlineMiddleware) -> web.Application:
             await ws.send_str(f"{message.data}:{deadlines.current() is None}")
         return ws
 
-    app = web.Application(middlewares=[deadline])
+    async def late(request: web.Request) -> web.Response:
+        async def body() -> AsyncIterator[bytes]:
+            await asyncio.sleep(10)  # the first page never comes in time
+            yield b"never"
+
+        return web.Response(body=body())
+
+    async def old_http(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()  # HTTP/1.0, no length: the close ends the body
+        await response.prepare(request)
+        await response.write_eof(b"whole")
+        await asyncio.sleep(10)
+        return response
+
+    async def session_in_a_task(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await asyncio.create_task(ws.prepare(request))  # prepared in a child task
+        async for message in ws:
+            await asyncio.sleep(0.6)  # past the request's budget
+            await ws.send_str(f"{message.data}:{deadlines.remaining()}")
+        return ws
+
+    @web.middleware
+    async def in_a_task(request: web.Request, handler: Handler) -> web.StreamResponse:
+        """An outer middleware running the rest in a task of its own (wait_for does)."""
+        if request.path != "/wrapped":
+            return await handler(request)
+        return await asyncio.create_task(handler(request))
+
+    app = web.Application(middlewares=[in_a_task, deadline])
+    app.router.add_get("/wrapped", export)
+    app.router.add_get("/late", late)
+    app.router.add_get("/old", old_http)
+    app.router.add_get("/session", session_in_a_task)
     app.router.add_get("/export", export)
     app.router.add_get("/feed", feed)
     app.router.add_get("/short", short)
@@ -254,3 +289,58 @@ def test_class_based_view_method_marks(port: int) -> None:
         assert 4.5 < float(client.get(f"{base}/report").text) <= 4.95
         assert 2.5 < float(client.get(f"{base}/marked").text) <= 2.95
         assert 4.5 < float(client.post(f"{base}/marked").text) <= 4.95
+
+
+def test_streamed_body_is_cut_under_an_outer_middleware_task(port: int, events: Events) -> None:
+    """An outer middleware that runs the handler in a task of its own: the body is
+    still made, and cut, under the deadline, and reported when it ends."""
+    begin = time.monotonic()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{port}/wrapped?id={uuid.uuid4().hex}", timeout=5)
+    assert time.monotonic() - begin < 0.45 + 0.5  # all eight chunks take 1.2 s
+    (finished,) = events.wait_finished(1)
+    assert (finished.outcome, finished.duration > 0.4) == ("deadline", True)
+
+
+def test_deadline_before_the_first_chunk_answers_504_and_closes(port: int) -> None:
+    """Nothing of the streamed response is out yet: the caller gets a 504, and the
+    connection, whose writer was set for the streamed response, is closed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /late HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.1 504"), answer[:60]
+    assert httpx.get(f"http://127.0.0.1:{port}/ping", timeout=5).text == "pong"
+
+
+def test_connection_closed_after_a_cut_when_the_body_ended_with_it(port: int) -> None:
+    """HTTP/1.0 without a length: the body ends when the connection closes, so after a
+    cut that followed the whole response the connection is closed, not kept."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(b"GET /old HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        answer = read_until_closed(sock)
+    assert answer.startswith(b"HTTP/1.0 200") and answer.endswith(b"whole")
+
+
+def test_websocket_prepared_in_a_child_task_has_no_deadline(port: int) -> None:
+    """The deadline is lifted for the session even when the handler prepares the socket
+    in a child task (another context): no time is left is never what it sees."""
+
+    async def chat() -> str:
+        url = f"http://127.0.0.1:{port}/session"
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            await ws.send_str("hello")
+            return str(await asyncio.wait_for(ws.receive_str(), 5))
+
+    assert asyncio.run(chat()) == "hello:inf"
+
+
+def read_until_closed(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes (5 s at most)."""
+    data = b""
+    end = time.monotonic() + 5.0
+    while time.monotonic() < end:
+        chunk = sock.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    raise AssertionError(f"the connection stayed open: {data[:80]!r}")
