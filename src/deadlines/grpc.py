@@ -65,7 +65,7 @@ import inspect
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 from . import _clock, _events, _inbound, _validate, wire
 from ._budget import CallBudget
@@ -364,20 +364,19 @@ class _Call:
         elapsed = _clock.now() - self.budget.start
         return elapsed >= self.timeout - max(_HOP_RESERVE, self.timeout / 10)
 
-    def end(self, exc: BaseException) -> BaseException:
-        """The call failed with `exc`: report it, and return what the caller raises."""
+    def fail(self, exc: BaseException) -> NoReturn:
+        """The call failed with `exc`: report it, and raise what the caller gets."""
         error = self.error(exc)
         self.budget.finish(error)
-        return error
+        if error is exc:
+            raise exc
+        raise error from exc
 
     async def unary(self, call: Any) -> Any:
         try:
             answer = await call
         except BaseException as exc:
-            error = self.end(exc)
-            if error is exc:
-                raise
-            raise error from exc
+            self.fail(exc)
         self.budget.finish()
         return answer
 
@@ -386,10 +385,7 @@ class _Call:
             async for item in call:
                 yield item
         except BaseException as exc:
-            error = self.end(exc)
-            if error is exc:
-                raise
-            raise error from exc
+            self.fail(exc)
         self.budget.finish()
 
     def _follow(self, real: Any) -> None:
