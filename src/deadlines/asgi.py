@@ -733,7 +733,7 @@ class _TrioExchange(_Exchange):
     wait on trio Events where the asyncio exchange uses futures.
     """
 
-    __slots__ = ("_arrived", "_gone", "_space", "_trio")
+    __slots__ = ("_arrived", "_gone", "_headers_out", "_space", "_trio")
 
     def __init__(
         self, mw: DeadlineMiddleware, receive: Receive, send: Send, started_at: float, trio: Any
@@ -743,6 +743,7 @@ class _TrioExchange(_Exchange):
         self._gone: Any = None  # the CancelScope around the app (the deadline's)
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
+        self._headers_out = False  # a message after the start went to the server (`send`)
 
     def _register(self, expect_continue: bool) -> None:
         """Register with the trio sweeper, then arm the deadline at once (a trio CancelScope).
@@ -762,6 +763,28 @@ class _TrioExchange(_Exchange):
     def _stop_watching(self) -> None:
         if self._pump is not None:
             self._pump.cancel()
+
+    async def send(self, message: Message) -> None:
+        """Pass `message` on, as `_Exchange.send` does, with two guards trio needs.
+
+        A deadline that passed while the app ran without a checkpoint (a sync endpoint's
+        thread, a shielded block) cuts here, before the server sees the start, so the
+        504 still fits. And until a message after the start is through, the server's
+        send is shielded: hypercorn writes the headers with the first body message, and
+        cut half way there, its state and h11's part ways and its trio worker dies
+        trying to answer 500 on a response h11 has begun.
+        """
+        kind = message["type"]
+        if kind == "http.response.start":
+            await self._trio.lowlevel.checkpoint_if_cancelled()
+            self._start = message
+        self._last = message
+        if self._headers_out:
+            await self._send(message)
+            return
+        with self._trio.CancelScope(shield=True):
+            await self._send(message)
+        self._headers_out = kind != "http.response.start" and kind not in _BEFORE_START
 
     def _spawn_pump(self) -> Any:
         """A system task (a request's task has no nursery), in a CancelScope of its own."""

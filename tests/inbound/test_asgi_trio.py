@@ -479,3 +479,39 @@ async def test_watcher_waits_for_watch_after_and_for_the_app_with_expect() -> No
     )
     assert len(calls) == 2
     assert calls[0] - begin >= 0.3 - 0.01  # the app's own read came first
+
+
+@pytest.mark.parametrize("path", ["/thread", "/shielded"])
+def test_a_deadline_passed_without_a_checkpoint_is_a_504_and_the_server_lives(
+    path: str, events: Events
+) -> None:
+    """A handler that runs past its deadline without a trio checkpoint (a sync endpoint's
+    thread, a shielded block) meets it first in its send: it gets the 504 (nothing was
+    out yet), and hypercorn's trio worker keeps serving. The cancellation used to land
+    inside hypercorn's own send, and its worker died answering 500 on a begun response."""
+
+    def blocking() -> None:
+        time.sleep(0.5)
+
+    async def thread(request: Request) -> Response:
+        await trio.to_thread.run_sync(blocking)  # the thread's wait is not cancellable
+        return Response("late")
+
+    async def shielded(request: Request) -> Response:
+        with trio.CancelScope(shield=True):
+            await trio.sleep(0.5)
+        return Response("late")
+
+    async def ok(request: Request) -> Response:
+        return Response("ok")
+
+    app = Starlette(
+        routes=[Route("/thread", thread), Route("/shielded", shielded), Route("/ok", ok)],
+        middleware=[Middleware(DeadlineMiddleware, default=0.25, maximum=1.0)],
+    )
+    with serve_hypercorn_trio(app) as url:
+        late = httpx.get(f"{url}{path}", timeout=5)
+        assert late.status_code == 504, late.text
+        assert httpx.get(f"{url}/ok", timeout=5).text == "ok"
+    finished = events.wait_finished(2)
+    assert [(e.route, e.outcome) for e in finished] == [(path, "deadline"), ("/ok", "ok")]
