@@ -273,8 +273,8 @@ class _Delivered(web.StreamResponse):
     deadline cut the handler's later work: nothing more is written.
 
     The handler's own response is lost with its exception, so aiohttp's access log
-    shows this stand-in's status (200) and no body. The connection is kept as the
-    request asked (`keep_alive`), as the handler's response would have kept it.
+    shows this stand-in's status (200) and no body. The connection is kept when the
+    handler's response would have kept it (`_keeps`).
     """
 
     def __init__(self, keep_alive: bool) -> None:
@@ -337,7 +337,7 @@ class _Poller:
 
 class _Watch:
     """Runs one handler under the deadline, cancels it when the connection is lost, and
-    reports the request once (after a streamed body, when that body ends)."""
+    reports the request once (a WebSocket's at its upgrade)."""
 
     __slots__ = (
         "_cancels", "_host", "_outer", "_poller", "_scope", "_started", "apps_own", "budget",
