@@ -72,6 +72,7 @@ _NO_WAITERS: list[Any] = []  # shared empty list: never appended to
 _SEVERAL = (b"", b"")  # `__call__`'s scan saw more than one deadline header
 # Messages an app may send before its response starts (103 Early Hints; TestClient's).
 _BEFORE_START = frozenset({"http.response.early_hint", "http.response.debug"})
+_HTTP1 = frozenset({"1.0", "1.1"})
 # A route's label, its limits, the budget without a header (less the reserve), the maximum.
 _Route = tuple[str, Limits, float, float]
 
@@ -194,7 +195,7 @@ class DeadlineMiddleware:
         if sweeper is not None:
             exchange = _Exchange(self, receive, send, started)
         else:
-            exchange = self._exchange_outside_asyncio(receive, send, started)
+            exchange = self._exchange_outside_asyncio(scope, receive, send, started)
         if budget <= 0.0:
             try:
                 await exchange._answer_timeout(scope, limits_, budget)
@@ -250,12 +251,16 @@ class DeadlineMiddleware:
                     outcome = "caller_left"
                 exchange._finish(label, outcome, budget)
 
-    def _exchange_outside_asyncio(self, receive: Receive, send: Send, started: float) -> _Exchange:
+    def _exchange_outside_asyncio(
+        self, scope: Scope, receive: Receive, send: Send, started: float
+    ) -> _Exchange:
         """Under trio, the trio exchange; with no loop at all, one that fails as a scope would."""
         trio = _running_trio()
         if trio is None:
             return _Exchange(self, receive, send, started)
-        return _TrioExchange(self, receive, send, started, trio)
+        exchange = _TrioExchange(self, receive, send, started, trio)
+        exchange._shield = scope.get("http_version") in _HTTP1  # see `_TrioExchange.send`
+        return exchange
 
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> _Sweeper:
         sweeper = self._sweepers.get(loop)
@@ -733,7 +738,7 @@ class _TrioExchange(_Exchange):
     wait on trio Events where the asyncio exchange uses futures.
     """
 
-    __slots__ = ("_arrived", "_gone", "_headers_out", "_space", "_trio")
+    __slots__ = ("_arrived", "_gone", "_shield", "_space", "_trio")
 
     def __init__(
         self, mw: DeadlineMiddleware, receive: Receive, send: Send, started_at: float, trio: Any
@@ -743,7 +748,7 @@ class _TrioExchange(_Exchange):
         self._gone: Any = None  # the CancelScope around the app (the deadline's)
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
-        self._headers_out = False  # a message after the start went to the server (`send`)
+        self._shield = False  # shield the server's send (`send`): HTTP/1, until the headers
 
     def _register(self, expect_continue: bool) -> None:
         """Register with the trio sweeper, then arm the deadline at once (a trio CancelScope).
@@ -769,22 +774,23 @@ class _TrioExchange(_Exchange):
 
         A deadline that passed while the app ran without a checkpoint (a sync endpoint's
         thread, a shielded block) cuts here, before the server sees the start, so the
-        504 still fits. And until a message after the start is through, the server's
-        send is shielded: hypercorn writes the headers with the first body message, and
-        cut half way there, its state and h11's part ways and its trio worker dies
-        trying to answer 500 on a response h11 has begun.
+        504 still fits. And over HTTP/1, until a message after the start is through, the
+        server's send is shielded: hypercorn writes the headers with the first body
+        message, and cut half way there, its state and h11's part ways and its trio
+        worker dies trying to answer 500 on a response h11 has begun. (Over HTTP/2 that
+        send may wait for the caller's flow-control window: it stays cancellable.)
         """
         kind = message["type"]
         if kind == "http.response.start":
             await self._trio.lowlevel.checkpoint_if_cancelled()
             self._start = message
         self._last = message
-        if self._headers_out:
+        if not self._shield:
             await self._send(message)
             return
         with self._trio.CancelScope(shield=True):
             await self._send(message)
-        self._headers_out = kind != "http.response.start" and kind not in _BEFORE_START
+        self._shield = kind == "http.response.start" or kind in _BEFORE_START
 
     def _spawn_pump(self) -> Any:
         """A system task (a request's task has no nursery), in a CancelScope of its own."""
