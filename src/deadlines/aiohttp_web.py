@@ -371,10 +371,7 @@ class _Watch:
                 try:
                     response = await handler(self.request)
                     if _made_later(response):
-                        # aiohttp would make this body after we return, outside the
-                        # deadline and the watch: sent here, as if the handler wrote it.
-                        await response.prepare(self.request)
-                        await response.write_eof()
+                        await self._send_made_later(response)
                 except DeadlineExceeded:  # ours reaches the handler as a cancellation
                     self.apps_own = True
                     raise
@@ -403,6 +400,24 @@ class _Watch:
             self._poller.discard(self)
             self._uncancel()
         return response
+
+    async def _send_made_later(self, response: web.StreamResponse) -> None:
+        """Send a body aiohttp would make after we return, outside the deadline and the
+        watch: here, as if the handler had written it.
+
+        Once prepared, the connection's writer is set for this response (chunked,
+        perhaps compressed), so if making the body fails, whatever answers the error
+        (aiohttp, an outer middleware) would be framed wrongly: the connection then
+        closes after that answer, or the caller's next request would be misread.
+        """
+        try:
+            await response.prepare(self.request)
+            await response.write_eof()
+        except BaseException:
+            force_close = getattr(self.request.protocol, "force_close", None)
+            if force_close is not None:
+                force_close()
+            raise
 
     def finish(self, outcome: RequestOutcome) -> None:
         """Emit the request's `RequestFinished`, once."""

@@ -115,6 +115,13 @@ def build(record: Record, deadline: DeadlineMiddleware) -> web.Application:
 
         return web.Response(body=body())
 
+    async def missing(request: web.Request) -> web.Response:
+        async def body() -> AsyncIterator[bytes]:
+            raise web.HTTPNotFound()  # aiohttp answers it as a response
+            yield b"never"
+
+        return web.Response(body=body())
+
     async def old_http(request: web.Request) -> web.StreamResponse:
         response = web.StreamResponse()  # HTTP/1.0, no length: the close ends the body
         await response.prepare(request)
@@ -140,6 +147,7 @@ def build(record: Record, deadline: DeadlineMiddleware) -> web.Application:
     app = web.Application(middlewares=[in_a_task, deadline])
     app.router.add_get("/wrapped", export)
     app.router.add_get("/late", late)
+    app.router.add_get("/missing", missing)
     app.router.add_get("/old", old_http)
     app.router.add_get("/session", session_in_a_task)
     app.router.add_get("/export", export)
@@ -302,13 +310,14 @@ def test_streamed_body_is_cut_under_an_outer_middleware_task(port: int, events: 
     assert (finished.outcome, finished.duration > 0.4) == ("deadline", True)
 
 
-def test_deadline_before_the_first_chunk_answers_504_and_closes(port: int) -> None:
-    """Nothing of the streamed response is out yet: the caller gets a 504, and the
-    connection, whose writer was set for the streamed response, is closed."""
+def test_deadline_before_the_first_chunk_closes_the_connection(port: int) -> None:
+    """Nothing of the streamed response is out yet, but the connection's writer is set
+    for it (chunked): no other answer may go through it, so the connection closes, and
+    never carries a misframed answer that the caller's next request would be read after."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(b"GET /late HTTP/1.1\r\nHost: x\r\n\r\n")
+        sock.sendall(b"GET /late HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
         answer = read_until_closed(sock)
-    assert answer.startswith(b"HTTP/1.1 504"), answer[:60]
+    assert b"pong" not in answer, answer  # the pipelined request was not served on it
     assert httpx.get(f"http://127.0.0.1:{port}/ping", timeout=5).text == "pong"
 
 
@@ -344,3 +353,17 @@ def read_until_closed(sock: socket.socket) -> bytes:
             return data
         data += chunk
     raise AssertionError(f"the connection stayed open: {data[:80]!r}")
+
+
+def test_an_error_answered_before_the_first_chunk_leaves_no_misframed_connection(
+    port: int,
+) -> None:
+    """The body raises an `HTTPException` before its first chunk: aiohttp would answer it
+    through the writer set for the streamed response, and keep the connection, so the
+    caller's next request was read after a misframed answer. The connection closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(
+            b"GET /missing HTTP/1.1\r\nHost: x\r\n\r\nGET /ping HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        answer = read_until_closed(sock)
+    assert b"pong" not in answer, answer
