@@ -515,3 +515,41 @@ def test_a_deadline_passed_without_a_checkpoint_is_a_504_and_the_server_lives(
         assert httpx.get(f"{url}/ok", timeout=5).text == "ok"
     finished = events.wait_finished(2)
     assert [(e.route, e.outcome) for e in finished] == [(path, "deadline"), ("/ok", "ok")]
+
+
+def test_http2_answer_to_a_reader_granting_no_window_ends_at_the_deadline(
+    events: Events,
+) -> None:
+    """Over HTTP/2 hypercorn's send of the first body message waits for the caller's
+    flow-control window. A caller that grants none: the request still ends at its
+    deadline (that send was once shielded, and the request hung for good)."""
+    import h2.config
+    import h2.connection
+    import h2.settings
+
+    async def big(request: Request) -> Response:
+        return Response(b"x" * (1 << 20))
+
+    app = Starlette(
+        routes=[Route("/big", big)],
+        middleware=[Middleware(DeadlineMiddleware, default=0.5, maximum=5.0)],
+    )
+    with serve_hypercorn_trio(app) as url:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        window = {h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1024}
+        conn.local_settings = h2.settings.Settings(client=True, initial_values=window)
+        conn.initiate_connection()
+        with socket.create_connection(("127.0.0.1", port_of(url)), timeout=0.1) as sock:
+            sock.sendall(conn.data_to_send())
+            head = [(":method", "GET"), (":path", "/big"), (":scheme", "http"), (":authority", "x")]
+            conn.send_headers(1, head, end_stream=True)
+            sock.sendall(conn.data_to_send())
+            end = time.monotonic() + 3.0
+            while not events.finished() and time.monotonic() < end:
+                with contextlib.suppress(TimeoutError):  # read, never grant a window
+                    data = sock.recv(65536)
+                    conn.receive_data(data)
+                    sock.sendall(conn.data_to_send())
+            (finished,) = events.wait_finished(1, timeout=0.1)
+    assert finished.route == "/big"
+    assert finished.duration < 1.5
