@@ -24,6 +24,15 @@ from .conftest import Events, serve_aiohttp
 pytestmark = pytest.mark.realtime
 
 
+async def websocket_echo(request: web.Request) -> web.WebSocketResponse:
+    """A WebSocket that answers each message with whether it runs without a deadline."""
+    socket = web.WebSocketResponse()
+    await socket.prepare(request)
+    async for message in socket:
+        await socket.send_str(f"{message.data}:{deadlines.current() is None}")
+    return socket
+
+
 def build(record: Record) -> web.Application:
     """An aiohttp app whose handlers report what they saw."""
 
@@ -74,13 +83,6 @@ def build(record: Record) -> web.Application:
     async def busy(request: web.Request) -> web.Response:
         return web.Response(status=503, text="busy")
 
-    async def chat(request: web.Request) -> web.WebSocketResponse:
-        socket = web.WebSocketResponse()
-        await socket.prepare(request)
-        async for message in socket:
-            await socket.send_str(f"{message.data}:{deadlines.current() is None}")
-        return socket
-
     middleware = DeadlineMiddleware(
         default=1.0, maximum=2.0, routes={"/bulk/*": Limits(default=3.0, maximum=4.0)}
     )
@@ -97,7 +99,7 @@ def build(record: Record) -> web.Application:
     app.router.add_get("/moved", moved)
     app.router.add_get("/broken", broken)
     app.router.add_get("/busy", busy)
-    app.router.add_get("/chat", chat)
+    app.router.add_get("/chat", websocket_echo)
     return app
 
 

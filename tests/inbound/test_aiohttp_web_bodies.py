@@ -19,6 +19,7 @@ from deadlines.aiohttp_web import DeadlineMiddleware, limits
 
 from .apps import Record
 from .conftest import Events, read_response, serve_aiohttp
+from .test_aiohttp_web import websocket_echo
 
 pytestmark = pytest.mark.realtime
 
@@ -101,13 +102,6 @@ def build(record: Record, deadline: DeadlineMiddleware) -> web.Application:
         await asyncio.sleep(3)
         return web.Response(text="full report")
 
-    async def chat(request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse()
-        await ws.prepare(request)
-        async for message in ws:
-            await ws.send_str(f"{message.data}:{deadlines.current() is None}")
-        return ws
-
     async def late(request: web.Request) -> web.Response:
         async def body() -> AsyncIterator[bytes]:
             await asyncio.sleep(10)  # the first page never comes in time
@@ -156,7 +150,7 @@ def build(record: Record, deadline: DeadlineMiddleware) -> web.Application:
     app.router.add_get("/finish", finish)
     app.router.add_get("/ping", ping)
     app.router.add_get("/slow", slow)
-    app.router.add_get("/chat", chat)
+    app.router.add_get("/chat", websocket_echo)
     app.router.add_view("/report", Report)
     app.router.add_route("*", "/marked", Marked)
     return app
