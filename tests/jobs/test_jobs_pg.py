@@ -230,12 +230,14 @@ async def test_worker_polls_until_cancelled(conn: Any, table: JobTable) -> None:
     other = await connect()
     try:
         job_id = await table.enqueue(other, None)
+        # Settled once the worker's transaction commits, a moment after the handler
+        # returned: cancelled before that, the claim rolls back and the job stays queued.
+        for _ in range(100):
+            if await table.status(other, job_id) == ("done", None):
+                break
+            await asyncio.sleep(0.02)
     finally:
         await other.close()
-    for _ in range(100):
-        if got:
-            break
-        await asyncio.sleep(0.02)
     worker.cancel()
     with pytest.raises(asyncio.CancelledError):
         await worker
