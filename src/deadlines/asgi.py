@@ -783,13 +783,11 @@ class _TrioExchange(_Exchange):
         kind = message["type"]
         if kind == "http.response.start":
             await self._trio.lowlevel.checkpoint_if_cancelled()
-            self._start = message
-        self._last = message
         if not self._shield:
-            await self._send(message)
+            await super().send(message)
             return
         with self._trio.CancelScope(shield=True):
-            await self._send(message)
+            await super().send(message)
         self._shield = kind == "http.response.start" or kind in _BEFORE_START
 
     def _spawn_pump(self) -> Any:
