@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import _validate, wire
+from . import _clock, _events, _validate, wire
 from ._errors import BudgetExhausted, DeadlineExceeded
 from ._events import RequestOutcome
 
@@ -205,3 +205,24 @@ def answer_outcome(status: int) -> RequestOutcome:
 def deadline_outcome(exc: DeadlineExceeded) -> RequestOutcome:
     """The request outcome for a deadline error that ended a handler."""
     return "budget_exhausted" if isinstance(exc, BudgetExhausted) else "deadline"
+
+
+class Report:
+    """One request's events: `RequestStarted` when made, `RequestFinished` once, however
+    many of a middleware's paths end the request."""
+
+    __slots__ = ("budget", "done", "route", "started")
+
+    def __init__(self, route: str, budget: float, started: float) -> None:
+        self.route, self.budget, self.started, self.done = route, budget, started, False
+        if _events.active():
+            _events.emit(_events.RequestStarted(route, budget))
+
+    def finish(self, outcome: RequestOutcome) -> None:
+        """Emit `RequestFinished` with `outcome`, unless it was emitted already."""
+        if self.done:
+            return
+        self.done = True
+        if _events.active():
+            duration = _clock.now() - self.started
+            _events.emit(_events.RequestFinished(self.route, outcome, duration, self.budget))

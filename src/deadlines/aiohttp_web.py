@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import _clock, _events, _inbound, _loop, _validate, wire
+from . import _clock, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
@@ -98,12 +98,9 @@ class DeadlineMiddleware:
         """Run `handler` under the request's deadline (a WebSocket it accepts runs on
         without one)."""
         started = _clock.now()
-        route, limits_ = self._route(request)
-        headers = self._deadline_headers(request)
-        budget = _inbound.budget(headers, limits_, self._reserve)
-        if _events.active():
-            _events.emit(_events.RequestStarted(route, budget))
-        watch = _Watch(request, self._poller(), started, route, budget)
+        route, limits_, headers, budget = self._arrival(request)
+        report = _inbound.Report(route, budget, started)
+        watch = _Watch(request, self._poller(), report)
         outcome: RequestOutcome = "error"
         try:
             if budget <= 0.0:
@@ -142,7 +139,7 @@ class DeadlineMiddleware:
                 outcome = _inbound.answer_outcome(getattr(response, "status", 200))
             return response
         finally:
-            watch.finish(outcome)
+            report.finish(outcome)
 
     async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
         """A route's ``expect_handler``: no ``100 Continue`` for a request that arrived
@@ -155,27 +152,24 @@ class DeadlineMiddleware:
         aiohttp's usual answer to ``Expect``.
         """
         started = _clock.now()
-        route, limits_ = self._route(request)
-        headers = self._deadline_headers(request)
-        budget = _inbound.budget(headers, limits_, self._reserve)
+        route, limits_, headers, budget = self._arrival(request)
         if budget > 0.0:
             await _expect_continue(request)
             return None
         # The middleware will not run for this request: it is reported here.
-        response = self._timeout(headers, limits_, budget, started)
-        if _events.active():
-            duration = _clock.now() - started
-            _events.emit(_events.RequestStarted(route, budget))
-            _events.emit(_events.RequestFinished(route, "budget_exhausted", duration, budget))
-        return response
+        _inbound.Report(route, budget, started).finish("budget_exhausted")
+        return self._timeout(headers, limits_, budget, started)
 
-    def _deadline_headers(self, request: web.Request) -> list[tuple[str, str]]:
+    def _arrival(self, request: web.Request) -> tuple[str, Limits, list[tuple[str, str]], float]:
+        """The request's route label and limits, its deadline headers, and its budget."""
+        route, limits_ = self._route(request)
         getall = request.headers.getall
-        return [
+        headers = [
             (wire.HEADER if name == self._header else name, value)
             for name in self._names
             for value in getall(name, ())
         ]
+        return route, limits_, headers, _inbound.budget(headers, limits_, self._reserve)
 
     def _poller(self) -> _Poller:
         loop = _loop.running() or asyncio.get_running_loop()
@@ -336,22 +330,18 @@ class _Poller:
 
 
 class _Watch:
-    """Runs one handler under the deadline, cancels it when the connection is lost, and
-    reports the request once (a WebSocket's at its upgrade)."""
+    """Runs one handler under the deadline and cancels it when the connection is lost (a
+    WebSocket's request is reported at its upgrade)."""
 
     __slots__ = (
-        "_cancels", "_host", "_outer", "_poller", "_scope", "_started", "apps_own", "budget",
-        "caller_left", "reported", "request", "route", "upgraded",
+        "_cancels", "_host", "_outer", "_poller", "_scope", "apps_own", "caller_left",
+        "report", "request", "upgraded",
     )  # fmt: skip
 
-    def __init__(
-        self, request: web.Request, poller: _Poller, started: float, route: str, budget: float
-    ) -> None:
+    def __init__(self, request: web.Request, poller: _Poller, report: _inbound.Report) -> None:
         self.request = request
-        self.route = route
-        self.budget = budget
+        self.report = report
         self._poller = poller
-        self._started = started
         self._host: asyncio.Task[Any] | None = None
         self._scope: deadline_scope | None = None
         self._outer: _Frame | None = None
@@ -359,7 +349,6 @@ class _Watch:
         self.caller_left: CallerLeft | None = None
         self.apps_own = False  # the handler raised a DeadlineExceeded of its own
         self.upgraded = False  # a WebSocketResponse was prepared: no deadline from then
-        self.reported = False
 
     async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
         self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
@@ -419,15 +408,6 @@ class _Watch:
                 force_close()
             raise
 
-    def finish(self, outcome: RequestOutcome) -> None:
-        """Emit the request's `RequestFinished`, once."""
-        if self.reported:
-            return
-        self.reported = True
-        if _events.active():
-            duration = _clock.now() - self._started
-            _events.emit(_events.RequestFinished(self.route, outcome, duration, self.budget))
-
     def gone(self) -> bool:
         """The connection is lost and the response was not whole: the caller left. (The
         peer of a WebSocket session closing it is not a caller leaving a request.)"""
@@ -479,10 +459,10 @@ class _Watch:
             frame._deadline = None
             if _frame_var.get() is frame:
                 _frame_var.set(None)
-        self.finish("ok")  # the request was the handshake, answered 101
+        self.report.finish("ok")  # the request was the handshake, answered 101
 
     def _left(self) -> CallerLeft:
-        elapsed = _clock.now() - self._started
+        elapsed = _clock.now() - self.report.started
         return CallerLeft(
             f"the caller left after {elapsed * 1000:.0f} ms, before the response was complete"
         )

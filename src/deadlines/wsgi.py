@@ -40,7 +40,7 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from . import _clock, _events, _inbound, _validate, wire
+from . import _clock, _inbound, _validate, wire
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
@@ -169,7 +169,7 @@ class DeadlineMiddleware:
         )
         route = pattern or _inbound.UNMATCHED
         budget = _inbound.budget(headers.items(), limits_, self._reserve)
-        report = _Report(route, budget, started)
+        report = _inbound.Report(route, budget, started)
         info = _Request(headers, limits_, budget, started, self._header, start_response)
         if budget <= 0.0:
             report.finish("budget_exhausted")
@@ -215,25 +215,6 @@ def _environ_key(header: str) -> str:
     return "HTTP_" + header.upper().replace("-", "_")
 
 
-class _Report:
-    """Emits RequestStarted now and RequestFinished once."""
-
-    __slots__ = ("budget", "done", "route", "started")
-
-    def __init__(self, route: str, budget: float, started: float) -> None:
-        self.route, self.budget, self.started, self.done = route, budget, started, False
-        if _events.active():
-            _events.emit(_events.RequestStarted(route, budget))
-
-    def finish(self, outcome: RequestOutcome) -> None:
-        if self.done:
-            return
-        self.done = True
-        if _events.active():
-            duration = _clock.now() - self.started
-            _events.emit(_events.RequestFinished(self.route, outcome, duration, self.budget))
-
-
 class _Body:
     """The app's response iterable, each step run under the request's deadline.
 
@@ -246,7 +227,7 @@ class _Body:
         self,
         result: Iterable[bytes],
         frame: _Frame,
-        report: _Report,
+        report: _inbound.Report,
         info: _Request,
         start_response: StartResponse,
     ) -> None:
