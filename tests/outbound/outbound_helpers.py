@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from deadlines.lab.servers import Server
+from deadlines.lab.defaults_clients import open_connections
+from deadlines.lab.servers import Connection, Server
 
 #: Firing tolerance: early by at most 10 ms, late by at most 500 ms (a loaded 2-core box).
 EARLY = 0.01
@@ -102,3 +104,26 @@ def write_self_signed(directory: Path) -> tuple[Path, Path]:
         )
     )
     return cert_path, key_path
+
+
+def sockets_to(port: int) -> int:
+    """This process's TCP sockets to loopback `port` that are not closed yet."""
+    return open_connections(port) or 0
+
+
+class UploadStallServer(Server):
+    """Accepts and never reads: a large request body stalls in the client's write phase.
+
+    Its sockets take little (a small receive buffer), so a few hundred KiB fill them.
+    Never reading, it cannot see the client close either: check the client's sockets.
+    """
+
+    def _listen(self, backlog: int) -> socket.socket:
+        listener = super()._listen(backlog)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        return listener
+
+    def handle(self, conn: Connection) -> None:
+        """Hold the connection, unread, until the server stops."""
+        while not self.stopping:
+            time.sleep(0.02)

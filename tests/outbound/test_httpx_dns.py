@@ -25,6 +25,7 @@ from outbound_helpers import fired_at
 
 import deadlines.httpx as dhttpx
 from deadlines import Dependency
+from deadlines.httpx._resolver import MAX_LOOKUPS, resolver
 from deadlines.lab.servers import HealthyServer
 
 pytestmark = pytest.mark.realtime
@@ -226,7 +227,7 @@ def test_sync_dns_is_bounded_by_the_connect_window(silent_resolver_netns: str) -
     for result in report["burst"]:
         assert result["error"] == "ConnectTimeout", result
         assert 0.49 <= result["elapsed"] <= 1.0, result
-    assert report["threads_after_burst"] == dhttpx._MAX_LOOKUPS
+    assert report["threads_after_burst"] == MAX_LOOKUPS
 
     # Plain httpx with timeout=0.5 is still waiting for getaddrinfo seconds later.
     assert report["plain"] == {"error": None, "still_running_after": 3.0}, report["plain"]
@@ -236,10 +237,10 @@ def test_ip_literal_starts_no_lookup_and_names_still_connect() -> None:
     """127.0.0.1 needs no resolver thread; "localhost" is resolved in one and connects."""
     dep = Dependency("t", connect=0.5)
     with HealthyServer(body=b"hi") as server, dhttpx.Client(dep) as client:
-        before = dhttpx._resolver.started
+        before = resolver.started
         assert client.get(server.url).text == "hi"
-        assert dhttpx._resolver.started == before
+        assert resolver.started == before
         port = server.url.rsplit(":", 1)[1]
         with dhttpx.Client(dep) as by_name:
             assert by_name.get(f"http://localhost:{port}/").text == "hi"
-        assert dhttpx._resolver.started == before + 1
+        assert resolver.started == before + 1

@@ -1,0 +1,151 @@
+"""`Call`: one attempt's limits and progress, shared by the transport, pool and backend.
+
+The network backend asks the current call (a context variable, `current`) for the
+timeout of each socket operation, so every wait is bounded by the limit of its phase
+*and* by the call's end; the boundary asks it which limit was in force when a timeout
+fired.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Literal
+
+from .. import _clock
+from .._budget import CallBudget, Limit
+from ..wire import HEADER
+from ._lib import anyio
+
+Phase = Literal["pool", "connect", "headers", "body"]
+
+_HEADER_BYTES = HEADER.encode("ascii")
+
+
+class Call:
+    """One attempt: its `CallBudget`, the phase it is in, and what it holds.
+
+    ``connection`` is the httpcore connection the pool gave it; ``opened`` the socket
+    stream it opened itself, if any (closed with the connection when that is dropped,
+    whatever state httpcore was left in).
+    """
+
+    __slots__ = (
+        "budget",
+        "connect_end",
+        "connection",
+        "headers",
+        "headers_end",
+        "limit",
+        "opened",
+        "phase",
+        "request_sent",
+        "scope",
+        "stream",
+        "stream_id",
+    )
+
+    def __init__(self, budget: CallBudget) -> None:
+        self.budget = budget
+        self.phase: Phase = "pool"
+        self.limit: Limit = "pool"
+        self.request_sent = False
+        self.connect_end = 0.0
+        self.headers_end = 0.0
+        #: The outgoing request's header list, while the header is ours to refresh.
+        self.headers: list[tuple[bytes, bytes]] | None = None
+        #: Async with HTTP/2 enabled: the cancel scope bounding the wait for the response
+        #: head, its deadline moved along as the phases begin (`follow`).
+        self.scope: anyio.CancelScope | None = None
+        self.connection: Any = None
+        self.opened: Any = None
+        #: HTTP/2: the shared connection's stream and this request's stream id on it.
+        self.stream: Any = None
+        self.stream_id: int | None = None
+
+    def follow(self, seconds: float) -> None:
+        """Move the cancel scope's deadline (if any) to `seconds` from now."""
+        if self.scope is not None:
+            self.scope.deadline = anyio.current_time() + seconds
+
+    def connect_timeout(self) -> float:
+        """Start the connect window (DNS, TCP, TLS) and return its length."""
+        self.phase, self.limit = "connect", "connect"
+        timeout = self.budget.limit("connect")
+        self.connect_end = _clock.now() + timeout
+        self.follow(timeout)
+        return timeout
+
+    def connect_left(self) -> float:
+        """What is left of the connect window (for the TCP connect after DNS, for TLS)."""
+        self.limit = "connect"
+        return max(0.0, self.connect_end - _clock.now())
+
+    def begin_headers(self) -> None:
+        """The request is being sent: start the window for the response to begin."""
+        if self.phase in ("pool", "connect"):
+            self.phase, self.limit = "headers", "headers"
+            self.request_sent = self.budget.request_sent = True
+            timeout = self.budget.limit("headers")
+            self.headers_end = _clock.now() + timeout
+            self.follow(timeout)
+
+    def begin_body(self) -> None:
+        """The response headers arrived; from now on each read is an idle gap."""
+        self.phase, self.limit = "body", "idle"
+
+    def io_timeout(self) -> float:
+        """Timeout for one read or write: the headers window, or an idle gap in the body."""
+        if self.phase in ("pool", "connect"):
+            self.begin_headers()
+        if self.phase == "headers":
+            self.limit = "headers"
+            return max(0.0, self.headers_end - _clock.now())
+        self.limit = "idle"
+        return self.budget.limit("idle")
+
+    def error(self) -> TimeoutError:
+        """The taxonomy error for the limit in force when a timeout fired."""
+        return self.budget.timeout(self.limit, request_sent=self.request_sent)
+
+    def header_value(self) -> bytes:
+        """The remaining time to send onward, whole ms."""
+        return self.budget.header_ms().encode("ascii")
+
+    def connected(self, stream: Any) -> None:
+        """This call opened `stream`: the time it took is no longer the next hop's."""
+        if self.opened is None:
+            self.opened = stream
+        if self.headers is not None:
+            set_header(self.headers, self.header_value())
+
+    def on_send(self, name: str, info: Any) -> None:
+        """Trace hook: the request head is about to go out; refresh the header, start headers."""
+        if name not in _SEND_EVENTS:
+            return
+        self.begin_headers()
+        self.stream_id = info.get("stream_id")  # HTTP/2 only
+        set_header(info["request"].headers, self.header_value())
+
+
+_SEND_EVENTS = frozenset(
+    {"http11.send_request_headers.started", "http2.send_request_headers.started"}
+)
+
+
+def set_header(headers: list[tuple[bytes, bytes]], value: bytes) -> None:
+    """Replace the value of ``x-request-timeout-ms`` in a raw header list."""
+    for i, (key, _) in enumerate(headers):
+        if key.lower() == _HEADER_BYTES:
+            headers[i] = (key, value)
+
+
+def start(dependency: Any) -> Call:
+    """A new attempt, reported to observers (`BudgetExhausted` here: nothing was sent)."""
+    call = Call(CallBudget(dependency))
+    call.budget.__enter__()
+    return call
+
+
+current: contextvars.ContextVar[Call | None] = contextvars.ContextVar(
+    "deadlines.httpx.call", default=None
+)

@@ -1,0 +1,12 @@
+"""The client library this package binds to: httpx and httpcore, imported here only."""
+
+from __future__ import annotations
+
+try:
+    import anyio as anyio
+    import httpcore as httpcore
+    import httpx as httpx
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "deadlines.httpx needs httpx: install it with `pip install 'deadlines[httpx]'`"
+    ) from exc
