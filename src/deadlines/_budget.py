@@ -227,9 +227,9 @@ class CallBudget:
         elif cut:
             outcome, phase, limit = "deadline", self.phase, self.request_budget
         elif _is_cancellation(error):
-            outcome = "cancelled"
+            outcome, phase = "cancelled", self.phase
         else:
-            outcome = "error"
+            outcome, phase = "error", self.phase
         _events.emit(
             _events.CallFinished(
                 self.dependency.name,

@@ -201,7 +201,7 @@ class _Content:
 
     async def _bounded(self, read: Coroutine[Any, Any, T]) -> T:
         call = self._call
-        call.in_force = "total"
+        call.in_force, call.phase = "total", "body"
         try:
             if self._inner.is_eof():  # the rest of the body is buffered: no wait, no timer
                 return await read
@@ -215,10 +215,10 @@ class _Content:
                     raise
                 raise error from exc
         except BaseException as exc:
+            call.finish(exc)  # first: closing the response reports the call too, as ok
             response = self._response()
             if response is not None:
                 response.close()  # a broken or abandoned body: close the socket now
-            call.finish(exc)
             raise
 
     # The reads return `_bounded`'s coroutine rather than being coroutines themselves:
