@@ -19,14 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 import anyio
 import pytest
 from outbound_helpers import UploadStallServer, eventually, sockets_to
 
+import deadlines
+import deadlines.aiohttp as daiohttp
 import deadlines.httpx as dhttpx
 from deadlines import Dependency
 from deadlines.lab.servers import (
@@ -210,3 +215,180 @@ def test_httpx_sync_interrupted_in_each_phase_leaks_nothing(phase: str, second: 
         assert client.get(healthy.url).status_code == 200
         assert time.monotonic() - start < 0.4, "the healthy call waited: a place was leaked"
         assert len(pool.connections) == sockets_to(healthy.port) == 1
+
+
+def aiohttp_pool(session: daiohttp.Session) -> int:
+    """Connections the aiohttp session's connector holds: in use and idle."""
+    connector: Any = session.client.connector
+    return len(connector._acquired) + sum(len(idle) for idle in connector._conns.values())
+
+
+# phase: (aiohttp's trace signal at which the cut lands, or else what the server must
+#         have seen, 20 ms before the cut; server, method, body). aiohttp signals neither
+#         the TLS handshake nor a body chunk before the whole body is in.
+AIOHTTP_PHASES: dict[
+    str, tuple[str | Callable[[Server], bool], Callable[[], Server], str, bytes | None]
+] = {
+    "connect": ("on_connection_create_start", SilentServer, "GET", None),
+    "tls": (lambda server: server.opened >= 1, TLSNeverServer, "GET", None),
+    "write": ("on_request_chunk_sent", UploadStallServer, "POST", UPLOAD),
+    "headers": ("on_request_headers_sent", SilentServer, "GET", None),
+    "body": (lambda server: len(server.requests) >= 1, lambda: TrickleServer(10.0), "GET", None),
+}
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("second", [None, 0, 1, 2, 3], ids=str)
+@pytest.mark.parametrize("phase", list(AIOHTTP_PHASES))
+async def test_aiohttp_cancelled_in_each_phase_leaks_nothing(
+    phase: str, second: int | None
+) -> None:
+    """aiohttp: a cancellation in each phase, then another a few loop turns on, leaks nothing."""
+    signal, make, method, body = AIOHTTP_PHASES[phase]
+    cut = Cut()
+    trace = aiohttp.TraceConfig()
+
+    async def on_signal(*_: object) -> None:
+        if not cut.at:
+            cut()
+            if second is not None:
+                cut.after(second)
+
+    if isinstance(signal, str):
+        getattr(trace, signal).append(on_signal)
+    with make() as server, HealthyServer() as healthy:
+        async with daiohttp.session(DEP, ssl=False, trace_configs=[trace]) as http:
+
+            async def call() -> None:
+                data = None if body is None else io.BytesIO(body)
+                async with http.request(method, server.url, data=data) as response:
+                    await response.read()
+
+            async def watch(seen: Callable[[Server], bool]) -> None:
+                assert await eventually(lambda: seen(server), 2.0)
+                await anyio.sleep(0.02)
+                await on_signal()
+
+            async with anyio.create_task_group() as tasks:
+                if not isinstance(signal, str):
+                    tasks.start_soon(watch, signal)
+                await cut.run(call)
+            assert cut.at, f"the call never reached {phase}"
+            await _closed_in_time(server, cut.at[0])
+            assert aiohttp_pool(http) == sockets_to(server.port) == 0
+
+            async def get(url: str) -> int:
+                async with http.get(url) as response:
+                    await response.read()
+                    return response.status
+
+            await _healthy_call_succeeds(get, healthy)
+            assert aiohttp_pool(http) == sockets_to(healthy.port) == 1
+
+
+# The stochastic sweep: our own limit fires at 0.1 s, a cancellation from outside lands
+# at 0.1 s + offset. Each round runs one call per offset at once; bounded in count and time.
+OFFSETS = (-0.002, -0.001, 0.0, 0.0002, 0.0005, 0.001, 0.002, 0.005)
+ROUNDS = 5
+LIMIT = 0.1
+SWEEP_DEP = Dependency("s", headers=5, total=10, pool_size=len(OFFSETS), pool_wait=0.5)
+HEADERS_CAP = Dependency("s", headers=LIMIT, total=10, pool_size=len(OFFSETS), pool_wait=0.5)
+
+
+async def _sweep(
+    call: Callable[[str], Awaitable[object]], pooled: Callable[[], int], server: Server
+) -> None:
+    """Run ROUNDS rounds of one call per offset, each cut at LIMIT + offset from outside."""
+
+    async def one(offset: float, cuts: list[float]) -> None:
+        task = asyncio.create_task(call(server.url))
+        await asyncio.sleep(LIMIT + offset)
+        cuts.append(time.monotonic())
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+
+    for _ in range(ROUNDS):
+        cuts: list[float] = []
+        closed = server.peer_closed
+        await asyncio.gather(*(one(offset, cuts) for offset in OFFSETS))
+        assert server.opened > closed, "no call reached the server"
+        assert await eventually(lambda: server.peer_closed == server.opened, 2.0)
+        late = max(server.close_times[closed:]) - max(cuts)
+        assert late <= CLOSE_SEEN, f"a close came {late * 1000:.0f} ms after the last cut"
+        assert pooled() == sockets_to(server.port) == 0
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("own", ["scope", "headers-cap"])
+async def test_httpx_own_limit_against_an_outside_cancellation_leaks_nothing(own: str) -> None:
+    """httpx, async: the deadline's timer (or the headers cap) and a cut from outside, -2..+5 ms."""
+    dep = SWEEP_DEP if own == "scope" else HEADERS_CAP
+    with SilentServer() as server, HealthyServer() as healthy:
+        async with dhttpx.AsyncClient(dep) as client:
+
+            async def call(url: str) -> object:
+                if own == "headers-cap":
+                    return await client.get(url)
+                async with deadlines.scope(LIMIT):
+                    return await client.get(url)
+
+            pool = client._transport._pool  # type: ignore[attr-defined]
+            await _sweep(call, lambda: len(pool.connections), server)
+            answers = await asyncio.gather(*(client.get(healthy.url) for _ in OFFSETS))
+            assert [a.status_code for a in answers] == [200] * len(OFFSETS)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("own", ["scope", "headers-cap"])
+async def test_aiohttp_own_limit_against_an_outside_cancellation_leaks_nothing(own: str) -> None:
+    """aiohttp: the deadline's timer (or the headers cap) and a cut from outside, -2..+5 ms."""
+    dep = SWEEP_DEP if own == "scope" else HEADERS_CAP
+    with SilentServer() as server, HealthyServer() as healthy:
+        async with daiohttp.session(dep) as http:
+
+            async def get(url: str) -> int:
+                async with http.get(url) as response:
+                    await response.read()
+                    return response.status
+
+            async def call(url: str) -> object:
+                if own == "headers-cap":
+                    return await get(url)
+                async with deadlines.scope(LIMIT):
+                    return await get(url)
+
+            await _sweep(call, lambda: aiohttp_pool(http), server)
+            statuses = await asyncio.gather(*(get(healthy.url) for _ in OFFSETS))
+            assert statuses == [200] * len(OFFSETS)
+
+
+def test_httpx_sync_own_limit_against_an_interrupt_leaks_nothing() -> None:
+    """httpx, blocking: the headers cap's socket timeout and a signal's interrupt, -2..+5 ms."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with (
+            SilentServer() as server,
+            HealthyServer() as healthy,
+            dhttpx.Client(HEADERS_CAP) as client,
+        ):
+            pool = client._transport._pool  # type: ignore[attr-defined]
+            for _ in range(ROUNDS):
+                for offset in OFFSETS:
+                    signal.setitimer(signal.ITIMER_REAL, LIMIT + offset)
+                    try:
+                        client.get(server.url)
+                    except (Interrupt, deadlines.HeadersTimeout):
+                        pass
+                    finally:
+                        signal.setitimer(signal.ITIMER_REAL, 0)
+                    assert len(pool.connections) == sockets_to(server.port) == 0
+            assert server.opened == ROUNDS * len(OFFSETS)
+            assert server.wait_peer_closed(server.opened)
+            assert client.get(healthy.url).status_code == 200
+    finally:
+        signal.signal(signal.SIGALRM, previous)

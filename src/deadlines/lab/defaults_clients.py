@@ -142,8 +142,12 @@ async def _prepare(case: dict[str, Any]) -> tuple[Call, Call]:
     return call_deadlines, dc.aclose
 
 
-def _row(case: dict[str, Any], start: float, outcome: str, error: BaseException | None) -> None:
-    elapsed = (time.monotonic() - start) * 1000.0
+def _row(case: dict[str, Any], elapsed: float, outcome: str, error: BaseException | None) -> None:
+    """Print the case's row; `elapsed` (s) was taken when the call returned or raised.
+
+    Runs in a thread (it sleeps): a row that waited there for a free worker must not
+    count that wait as the call's.
+    """
     time.sleep(0.2)  # let a close that the client started reach the kernel
     port = urlsplit(case["url"]).port
     still_open = open_connections(port) if port else None
@@ -153,7 +157,7 @@ def _row(case: dict[str, Any], start: float, outcome: str, error: BaseException 
         "server": case["server"],
         "outcome": outcome,
         "error": None if error is None else _describe(error),
-        "elapsed_ms": round(elapsed, 1),
+        "elapsed_ms": round(elapsed * 1000.0, 1),
         "connection_closed": None if still_open is None else still_open == 0,
     }
     with _print_lock:
@@ -174,9 +178,10 @@ def _run_sync(case: dict[str, Any], go: threading.Event) -> None:
     start = time.monotonic()
     try:
         outcome = _sync_call(case["key"], case["client"], case["url"], case["limit"])
-        _row(case, start, outcome, None)
     except Exception as exc:
-        _row(case, start, "error", exc)
+        _row(case, time.monotonic() - start, "error", exc)
+    else:
+        _row(case, time.monotonic() - start, outcome, None)
 
 
 async def _run_async(case: dict[str, Any], call: Call, close: Call) -> None:
@@ -188,8 +193,9 @@ async def _run_async(case: dict[str, Any], call: Call, close: Call) -> None:
         await call()
     except Exception as exc:
         outcome, error = "error", exc
+    elapsed = time.monotonic() - start
     # Look at the socket before closing the client: what did the call itself leave open?
-    await asyncio.to_thread(_row, case, start, outcome, error)
+    await asyncio.to_thread(_row, case, elapsed, outcome, error)
     with contextlib.suppress(Exception):
         await close()
 
