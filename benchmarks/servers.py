@@ -7,6 +7,8 @@
     python benchmarks/servers.py starlette --standard      # ... on uvloop and httptools
     python benchmarks/servers.py starlette --reference gzip   # ... with Starlette's GZip
     python benchmarks/servers.py starlette --passthrough      # ... in a do-nothing middleware
+    python benchmarks/servers.py switch        # silent until told {"heal": true} on stdin
+    python benchmarks/servers.py soak --client httpx --dependency URL   # the soak's API
 
 Each prints ``READY {"port": N}`` (uvicorn's also name the `deadlines` package they
 imported, or null) once it listens on 127.0.0.1 and runs until SIGTERM
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import contextvars
+import json
 import signal
 import socket
 import sys
@@ -92,12 +96,72 @@ class _Silent(asyncio.Protocol):
         self.hung.discard(self)
 
 
+class _Switch(asyncio.Protocol):
+    """A dependency that hangs (reads, never answers) until healed, then answers at once.
+
+    Healing (``{"heal": true}`` on stdin, answered ``{"healed": N}``) also answers the
+    requests already waiting, as a dependency that comes back does.
+    """
+
+    healed = False
+    waiting: set[_Switch] = set()  # noqa: RUF012 - one server per process
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.pending = 0
+        self.buffer = b""
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        heads = self.buffer.count(b"\r\n\r\n")
+        if heads:
+            self.buffer = self.buffer.rsplit(b"\r\n\r\n", 1)[1]
+            self.pending += heads
+            self.waiting.add(self)
+            if _Switch.healed:
+                self.answer()
+
+    def answer(self) -> None:
+        self.transport.write(_OK * self.pending)
+        self.pending = 0
+        self.waiting.discard(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.waiting.discard(self)
+
+    @classmethod
+    def heal(cls) -> int:
+        cls.healed = True
+        waiting = list(cls.waiting)
+        for protocol in waiting:
+            protocol.answer()
+        return len(waiting)
+
+
+def _obey_stdin() -> None:
+    """Read ``{"heal": true}`` commands from stdin and answer each with one JSON line."""
+    loop = asyncio.get_running_loop()
+
+    def command() -> None:
+        line = sys.stdin.readline()
+        if not line:
+            loop.remove_reader(sys.stdin.fileno())
+            return
+        if json.loads(line).get("heal"):
+            print(json.dumps({"healed": _Switch.heal()}), flush=True)
+
+    loop.add_reader(sys.stdin.fileno(), command)
+
+
 async def _serve_protocol(factory: Any) -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     sock = _listen()
     server = await loop.create_server(factory, sock=sock, backlog=4096)
+    if factory is _Switch:
+        _obey_stdin()
     announce({"port": sock.getsockname()[1]})
     await stop.wait()
     server.close()
@@ -224,7 +288,77 @@ def fastapi_app(*, with_deadlines: bool, watch_after: float | None = None) -> An
     return app
 
 
-def _serve_uvicorn(app: Any, *, standard: bool = False) -> None:
+def soak_app(*, client: str, dependency: str, budget: float, pool_size: int) -> Any:
+    """``GET /`` calls `dependency` through ``deadlines.<client>`` and answers its body.
+
+    Behind `DeadlineMiddleware` with a `budget` s deadline (a 504 when it passes); the
+    dependency's pool holds `pool_size` connections. ``GET /_stats`` says how many
+    requests are in flight, counted outside the middleware, from arrival to the end of
+    the answer.
+    """
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    import deadlines
+    from deadlines.asgi import DeadlineMiddleware
+
+    dep = deadlines.Dependency("dependency", pool_size=pool_size)
+    held: dict[str, Any] = {}
+
+    async def home(request: Request) -> Response:
+        if client == "httpx":
+            answer = await held["client"].get(dependency)
+            return Response(answer.content)
+        async with held["client"].get(dependency) as answer:
+            return Response(await answer.read())
+
+    async def stats(request: Request) -> JSONResponse:
+        return JSONResponse({"in_flight": counter.in_flight})
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> Any:
+        if client == "httpx":
+            import deadlines.httpx
+
+            async with deadlines.httpx.AsyncClient(dep) as held["client"]:
+                yield
+        else:
+            import deadlines.aiohttp
+
+            async with deadlines.aiohttp.session(dep) as held["client"]:
+                yield
+
+    app = Starlette(
+        routes=[Route("/", home), Route("/_stats", stats)],
+        middleware=[Middleware(DeadlineMiddleware, default=budget, maximum=budget)],
+        lifespan=lifespan,
+    )
+    counter = _InFlight(app)
+    return counter
+
+
+class _InFlight:
+    """Counts the HTTP requests between arrival and the end of their answer."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.in_flight = 0
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.in_flight -= 1
+
+
+def _serve_uvicorn(app: Any, *, standard: bool = False, lifespan: str = "off") -> None:
     """Serve `app` with uvicorn: asyncio and h11, or with `standard` uvloop and httptools
     (what ``uvicorn[standard]`` runs in production)."""
     import uvicorn
@@ -232,7 +366,7 @@ def _serve_uvicorn(app: Any, *, standard: bool = False) -> None:
     sock = _listen()
     loop, http = ("uvloop", "httptools") if standard else ("asyncio", "h11")
     config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="off", loop=loop, http=http
+        app, log_level="warning", access_log=False, lifespan=lifespan, loop=loop, http=http
     )
     server = uvicorn.Server(config)
     deadlines = sys.modules.get("deadlines")  # which tree it came from (versus.py checks)
@@ -244,7 +378,9 @@ def _serve_uvicorn(app: Any, *, standard: bool = False) -> None:
 def main() -> None:
     """Serve the chosen kind until SIGTERM."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("kind", choices=["fast", "silent", "starlette", "fastapi"])
+    parser.add_argument(
+        "kind", choices=["fast", "silent", "switch", "starlette", "fastapi", "soak"]
+    )
     parser.add_argument("--deadlines", action="store_true", help="add the middleware")
     parser.add_argument("--watch-after", type=float, help="the middleware's watch_after (s)")
     parser.add_argument(
@@ -259,12 +395,28 @@ def main() -> None:
     parser.add_argument(
         "--standard", action="store_true", help="uvloop and httptools, as uvicorn[standard]"
     )
+    parser.add_argument("--client", choices=["httpx", "aiohttp"], help="soak: the client")
+    parser.add_argument("--dependency", help="soak: the URL the route calls")
+    parser.add_argument("--budget", type=float, default=0.3, help="soak: the route's deadline")
+    parser.add_argument("--pool-size", type=int, default=20, help="soak: the dependency's pool")
     args = parser.parse_args()
     exit_with_parent()
     if args.kind == "fast":
         asyncio.run(_serve_protocol(_Fast))
     elif args.kind == "silent":
         asyncio.run(_serve_protocol(_Silent))
+    elif args.kind == "switch":
+        asyncio.run(_serve_protocol(_Switch))
+    elif args.kind == "soak":
+        if args.client is None or args.dependency is None:
+            parser.error("soak needs --client and --dependency")
+        app = soak_app(
+            client=args.client,
+            dependency=args.dependency,
+            budget=args.budget,
+            pool_size=args.pool_size,
+        )
+        _serve_uvicorn(app, lifespan="on")
     elif args.kind == "fastapi":
         app = fastapi_app(with_deadlines=args.deadlines, watch_after=args.watch_after)
         _serve_uvicorn(app, standard=args.standard)

@@ -30,9 +30,7 @@ def _instances() -> dict[str, object]:
     return {
         "AsyncHTTPConnection": httpcore.AsyncHTTPConnection(origin),
         "HTTPConnection": httpcore.HTTPConnection(origin),
-        "AsyncHTTP2Connection": httpcore.AsyncHTTP2Connection(
-            origin, httpcore.AsyncMockStream([])
-        ),
+        "AsyncHTTP2Connection": httpcore.AsyncHTTP2Connection(origin, httpcore.AsyncMockStream([])),
         "HTTP2Connection": httpcore.HTTP2Connection(origin, httpcore.MockStream([])),
     }
 
