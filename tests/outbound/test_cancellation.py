@@ -286,6 +286,61 @@ async def test_aiohttp_cancelled_in_each_phase_leaks_nothing(
             assert aiohttp_pool(http) == sockets_to(healthy.port) == 1
 
 
+@pytest.mark.anyio
+@pytest.mark.parametrize("second", [None, 0, 1, 2], ids=str)
+@pytest.mark.parametrize(
+    ("client", "anyio_backend"), [("httpx", "asyncio"), ("httpx", "trio"), ("aiohttp", "asyncio")]
+)
+async def test_cancelled_while_waiting_for_the_pool_leaks_nothing(
+    client: str, second: int | None
+) -> None:
+    """A call waiting for the pool's one place is cut (twice): the place is not lost."""
+    cut = Cut()
+    with TrickleServer(10.0) as holder, HealthyServer() as healthy:
+        async with contextlib.AsyncExitStack() as stack:
+            if client == "httpx":
+                session: Any = await stack.enter_async_context(dhttpx.AsyncClient(DEP))
+                held = await stack.enter_async_context(session.stream("GET", holder.url))
+
+                async def call() -> object:
+                    return await session.get(healthy.url)
+
+                def pooled() -> int:
+                    return len(session._transport._pool.connections)
+
+            else:
+                session = await stack.enter_async_context(daiohttp.session(DEP))
+                held = await session.get(holder.url)
+
+                async def call() -> object:
+                    async with session.get(healthy.url) as response:
+                        return await response.read()
+
+                def pooled() -> int:
+                    return aiohttp_pool(session)
+
+            async def cut_when_waiting() -> None:
+                await anyio.sleep(0.05)  # the call is in the gate by now (the place is held)
+                cut()
+                if second is not None:
+                    cut.after(second)
+
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(cut_when_waiting)
+                await cut.run(call)
+            assert cut.at and healthy.opened == 0, "the cut call reached the server"
+            if client == "httpx":
+                await held.aclose()
+            else:
+                held.close()
+            assert await eventually(
+                lambda: pooled() == sockets_to(holder.port) + sockets_to(healthy.port) == 0
+            )
+            start = time.monotonic()
+            await call()
+            assert time.monotonic() - start < 0.4, "the next call waited: a place was lost"
+
+
 # The stochastic sweep: our own limit fires at 0.1 s, a cancellation from outside lands
 # at 0.1 s + offset. Each round runs one call per offset at once; bounded in count and time.
 OFFSETS = (-0.002, -0.001, 0.0, 0.0002, 0.0005, 0.001, 0.002, 0.005)
