@@ -46,11 +46,15 @@ def _opened(call: Call | None, stream: Any) -> None:
 
 
 class AsyncStream(httpcore.AsyncNetworkStream):
-    """A socket stream whose reads and writes take their timeouts from the current call."""
+    """A socket stream whose reads and writes take their timeouts from the current call.
+
+    ``closed`` says whether it was closed through it (the pool then need not again).
+    """
 
     def __init__(self, inner: httpcore.AsyncNetworkStream, *, shared: bool = False) -> None:
         self._inner = inner
         self.shared = shared
+        self.closed = False
 
     async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         call = current.get()
@@ -69,6 +73,7 @@ class AsyncStream(httpcore.AsyncNetworkStream):
         await self._inner.write(buffer, timeout if call is None else call.io_timeout())
 
     async def aclose(self) -> None:
+        self.closed = True
         await self._inner.aclose()
 
     async def start_tls(
@@ -148,6 +153,7 @@ class Stream(httpcore.NetworkStream):
     def __init__(self, inner: httpcore.NetworkStream, *, shared: bool = False) -> None:
         self._inner = inner
         self.shared = shared
+        self.closed = False
 
     def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
         call = current.get()
@@ -173,6 +179,7 @@ class Stream(httpcore.NetworkStream):
         self._inner.write(buffer, timeout)
 
     def close(self) -> None:
+        self.closed = True
         self._inner.close()
 
     def start_tls(

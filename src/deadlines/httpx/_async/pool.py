@@ -124,8 +124,12 @@ class AsyncPool:
             if uses == 0 and not connection.is_closed() and connection.is_idle():
                 self._uses[connection] = 0  # back in, as the most recently used
                 return []
-        # Torn or closed: drop it, and the socket the call opened if it never reached it.
-        return [connection] if opened is None else [connection, opened]
+        # Torn or closed: drop it, and close what httpcore's own cleanup did not (it may
+        # have been interrupted), the socket the call opened included.
+        closing = [] if connection.is_closed() else [connection]
+        if opened is not None and not opened.closed:
+            closing.append(opened)
+        return closing
 
     async def release(self, call: Call) -> None:
         """`check_in`, then close what it returns."""
