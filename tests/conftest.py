@@ -1,12 +1,15 @@
-"""Shared test configuration: the anyio backend.
+"""Shared test configuration: the anyio backend, and the servers of `testservers`.
 
-Tests that need Postgres (127.0.0.1:5432) or Redis (127.0.0.1:6379) connect to them
-directly and fail, never skip, when the service is down; `.ci/run` starts both.
+Tests that need PostgreSQL or Redis take the `pg_server` or `redis_url` fixture: the
+server named in the environment, else the machine's on the default address, else a
+throwaway one started for the session. With none of these they fail, never skip.
 """
 
 from __future__ import annotations
 
 import pytest
+
+pytest_plugins = ["testservers"]
 
 
 @pytest.fixture

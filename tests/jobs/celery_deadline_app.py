@@ -1,7 +1,8 @@
 """The Celery app the job tests run in a real worker process (and publish from).
 
-Broker and result backend: Redis on 127.0.0.1:6379, a dedicated database; the queue
-name comes from the environment so each test run has its own.
+Broker and result backend: the tests' Redis, whose URL (with a dedicated database) comes
+from `DEADLINES_TEST_REDIS` in the worker; the test process sets it on `app.conf` once it
+has chosen the server. The queue name comes from the environment so each run has its own.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import deadlines
 from deadlines import jobs
 from deadlines.celery import DeadlineTask
 
-REDIS_URL = os.environ.get("DEADLINES_TEST_REDIS", "redis://127.0.0.1:6379/9")
+REDIS_URL = os.environ.get("DEADLINES_TEST_REDIS")
 QUEUE = os.environ.get("DEADLINES_TEST_QUEUE", "deadlines-test")
 
 app = Celery("celery_deadline_app", broker=REDIS_URL, backend=REDIS_URL)

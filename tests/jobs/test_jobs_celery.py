@@ -1,7 +1,8 @@
 """Celery end to end: a real worker process, a Redis broker, deadlines across the queue.
 
-The worker runs `celery_deadline_app` with the solo pool on its own queue in a
-dedicated Redis database; it is stopped by PID and its keys removed at the end.
+The worker runs `celery_deadline_app` with the solo pool on its own queue, on the
+session's Redis (`redis_url`, a dedicated database), which it is given through
+`DEADLINES_TEST_REDIS`; it is stopped by PID and its keys removed at the end.
 """
 
 from __future__ import annotations
@@ -25,9 +26,7 @@ from deadlines import jobs
 pytestmark = [pytest.mark.redis, pytest.mark.realtime]
 
 HERE = Path(__file__).parent
-REDIS_URL = "redis://127.0.0.1:6379/9"
 QUEUE = f"deadlines-test-{uuid.uuid4().hex[:12]}"
-os.environ["DEADLINES_TEST_REDIS"] = REDIS_URL
 os.environ["DEADLINES_TEST_QUEUE"] = QUEUE
 
 import celery_deadline_app as tasks  # noqa: E402  (reads the environment above)
@@ -36,11 +35,12 @@ import deadlines.celery  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def redis_db() -> Iterator[Any]:
-    """The dedicated Redis database; fails (not skips) when Redis is down; cleans our keys."""
+def redis_db(redis_url: str) -> Iterator[Any]:
+    """The dedicated Redis database, our app's broker and backend; cleans our keys."""
     import redis
 
-    client = redis.Redis.from_url(REDIS_URL, socket_timeout=5, socket_connect_timeout=2)
+    tasks.app.conf.update(broker_url=redis_url, result_backend=redis_url)
+    client = redis.Redis.from_url(redis_url, socket_timeout=5, socket_connect_timeout=2)
     client.ping()
     before = set(client.keys("*"))
     yield client
@@ -51,9 +51,10 @@ def redis_db() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="module")
-def worker(redis_db: Any) -> Iterator[subprocess.Popen[bytes]]:
+def worker(redis_url: str, redis_db: Any) -> Iterator[subprocess.Popen[bytes]]:
     """A real Celery worker process (solo pool) on the test queue, killed by PID after."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), *sys.path])}
+    env["DEADLINES_TEST_REDIS"] = redis_url
     process = subprocess.Popen(
         [
             sys.executable,

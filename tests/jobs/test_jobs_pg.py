@@ -10,7 +10,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -18,16 +18,22 @@ import pytest
 import deadlines
 from deadlines import jobs
 from deadlines.pgjobs import Job, JobTable, Worked
+from testservers import Postgres
 
 pytestmark = [pytest.mark.anyio, pytest.mark.postgres, pytest.mark.realtime]
 
-DSN = "postgresql://postgres@127.0.0.1:5432/test"
+Connect = Callable[[], Awaitable[Any]]
 
 
-async def connect() -> Any:
+@pytest.fixture
+def connect(pg_server: Postgres) -> Connect:
+    """Opens a new asyncpg connection to the test database."""
     import asyncpg
 
-    return await asyncpg.connect(DSN, timeout=5, command_timeout=10)
+    def opened() -> Awaitable[Any]:
+        return asyncpg.connect(pg_server.url(), timeout=5, command_timeout=10)
+
+    return opened
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +45,7 @@ def fresh_counts() -> Iterator[None]:
 
 
 @pytest.fixture
-async def conn() -> AsyncIterator[Any]:
+async def conn(connect: Connect) -> AsyncIterator[Any]:
     """A connection to the test database (fails when Postgres is down)."""
     connection = await connect()
     yield connection
@@ -163,7 +169,9 @@ async def test_failed_job_is_recorded_and_its_writes_undone(conn: Any, table: Jo
     assert payloads == {job_id: {"n": 1}, done_id: {"touched": True}}
 
 
-async def test_two_workers_share_the_table_with_skip_locked(conn: Any, table: JobTable) -> None:
+async def test_two_workers_share_the_table_with_skip_locked(
+    conn: Any, table: JobTable, connect: Connect
+) -> None:
     """Two concurrent workers claim with SKIP LOCKED: every job runs once, both do work."""
     async with deadlines.scope(20):
         ids = [await table.enqueue(conn, {"n": n}) for n in range(12)]
@@ -192,7 +200,9 @@ async def test_two_workers_share_the_table_with_skip_locked(conn: Any, table: Jo
     assert [row["status"] for row in statuses] == ["done"]
 
 
-async def test_a_locked_job_is_skipped_not_waited_for(conn: Any, table: JobTable) -> None:
+async def test_a_locked_job_is_skipped_not_waited_for(
+    conn: Any, table: JobTable, connect: Connect
+) -> None:
     """While worker A holds job 1, worker B claims job 2 at once (A waits for B's proof)."""
     await table.enqueue(conn, {"n": 1})
     second_id = await table.enqueue(conn, {"n": 2})
@@ -218,7 +228,7 @@ async def test_a_locked_job_is_skipped_not_waited_for(conn: Any, table: JobTable
         await b_conn.close()
 
 
-async def test_worker_polls_until_cancelled(conn: Any, table: JobTable) -> None:
+async def test_worker_polls_until_cancelled(conn: Any, table: JobTable, connect: Connect) -> None:
     """A polling worker picks up a job enqueued later, and stops cleanly when cancelled."""
     got: list[int] = []
 

@@ -16,6 +16,7 @@ from deadlines.lab._http import HttpServer, Request, Response
 from deadlines.lab.harness import AppFailed, Processes
 from deadlines.lab.load import percentile, run_open_loop, schedule
 from deadlines.lab.slow_server import Balancer
+from testservers import Postgres
 
 from .helpers import TOKEN_VAR, processes_with, run_lab
 
@@ -214,13 +215,13 @@ def test_bad_flags_are_refused_with_the_flag_named() -> None:
 
 @pytest.mark.postgres
 @pytest.mark.realtime
-def test_chain_commits_into_postgres_with_dsn() -> None:
+def test_chain_commits_into_postgres_with_dsn(pg_server: Postgres) -> None:
     """With --dsn the fixed chain's commit lands in Postgres; the propagated one does not."""
     import psycopg
 
     from deadlines.lab import chain
 
-    dsn = "postgresql://postgres@127.0.0.1:5432/test"
+    dsn = pg_server.url()
     try:
         fixed = chain.run_variant(chain.Params(dsn=dsn), "fixed")
         assert fixed["c_committed"] is True

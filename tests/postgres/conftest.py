@@ -1,7 +1,8 @@
-"""Fixtures for the Postgres tests: the real server on loopback, a throwaway schema,
-a unique application_name to find our backends, and a TCP proxy that can be frozen.
+"""Fixtures for the Postgres tests: the real server (`pg_server`, see tests/testservers.py),
+a throwaway schema, a unique application_name to find our backends, and a TCP proxy that
+can be frozen.
 
-These tests FAIL (never skip) when Postgres is not running on 127.0.0.1:5432.
+These tests FAIL (never skip) when no PostgreSQL server can be had.
 """
 
 from __future__ import annotations
@@ -13,18 +14,15 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from pgtest_support import DB, DSN, HOST, PORT, USER, Proxy, backends
+from pgtest_support import Proxy, backends
+
+from testservers import Postgres
 
 
 @pytest.fixture(scope="session")
-def server() -> str:
-    """The DSN of the real server; fails the test run when it is unreachable."""
-    try:
-        with psycopg.connect(DSN, connect_timeout=3, autocommit=True) as conn:
-            conn.execute("SELECT 1")
-    except psycopg.OperationalError as exc:
-        pytest.fail(f"PostgreSQL is required at {HOST}:{PORT} (user {USER}, db {DB}): {exc}")
-    return DSN
+def server(pg_server: Postgres) -> str:
+    """The DSN of the real server (checked to answer by `pg_server`)."""
+    return pg_server.dsn
 
 
 @pytest.fixture
@@ -62,8 +60,8 @@ def table(admin: psycopg.Connection[tuple[object, ...]]) -> Iterator[str]:
 
 
 @pytest.fixture
-def proxy(server: str) -> Iterator[Proxy]:
+def proxy(pg_server: Postgres) -> Iterator[Proxy]:
     """A freezable proxy to Postgres, stopped after the test."""
-    p = Proxy().start()
+    p = Proxy(pg_server).start()
     yield p
     p.close()

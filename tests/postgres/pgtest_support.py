@@ -1,9 +1,10 @@
-"""Helpers for the Postgres tests: server address, pg_stat_activity checks, a proxy."""
+"""Helpers for the Postgres tests: pg_stat_activity checks, a freezable proxy."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -11,8 +12,7 @@ from typing import Any
 import psycopg
 import pytest
 
-HOST, PORT, USER, DB = "127.0.0.1", 5432, "postgres", "test"
-DSN = f"host={HOST} port={PORT} user={USER} dbname={DB}"
+from testservers import Postgres
 
 
 def backends(admin: psycopg.Connection[tuple[object, ...]], name: str) -> list[tuple[object, ...]]:
@@ -63,7 +63,7 @@ class Proxy:
     is dropped (counted in `dropped`), so the statement sent next is never answered.
     """
 
-    def __init__(self, target: tuple[str, int] = (HOST, PORT)) -> None:
+    def __init__(self, target: Postgres) -> None:
         self.target = target
         self.frozen = False
         self.stalled = False
@@ -95,8 +95,13 @@ class Proxy:
         assert self.dropped, "nothing was sent through the stalled proxy"
         await asyncio.sleep(0.05)  # the client is now waiting for the answer
 
+    @property
+    def postgres(self) -> Postgres:
+        """The server as reached through the proxy."""
+        return dataclasses.replace(self.target, host="127.0.0.1", port=self.port)
+
     def dsn(self, app: str) -> str:
-        return f"host=127.0.0.1 port={self.port} user={USER} dbname={DB} application_name={app}"
+        return f"{self.postgres.dsn} application_name={app}"
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -118,7 +123,7 @@ class Proxy:
                     pass
             return
         try:
-            up_reader, up_writer = await asyncio.open_connection(*self.target)
+            up_reader, up_writer = await asyncio.open_connection(self.target.host, self.target.port)
         except OSError:
             writer.close()
             return

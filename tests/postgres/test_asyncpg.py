@@ -10,23 +10,21 @@ from typing import Any
 import asyncpg
 import psycopg
 import pytest
-from pgtest_support import DB, HOST, PORT, USER, Proxy, cancelled_after, running, wait_running
+from pgtest_support import Proxy, cancelled_after, running, wait_running
 
 import deadlines
 from deadlines import postgres
 from deadlines.asyncpg import transaction
+from testservers import Postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.realtime, pytest.mark.anyio]
 
 Admin = psycopg.Connection[tuple[object, ...]]
 
 
-async def make_pool(app: str, *, port: int = PORT, size: int = 2, min_size: int = 0) -> Any:
+async def make_pool(pg: Postgres, app: str, *, size: int = 2, min_size: int = 0) -> Any:
     return await asyncpg.create_pool(
-        host=HOST,
-        port=port,
-        user=USER,
-        database=DB,
+        pg.url(),
         min_size=min_size,
         max_size=size,
         ssl=False,  # asyncpg leaks an unretrieved error when a TLS probe is cancelled
@@ -35,9 +33,9 @@ async def make_pool(app: str, *, port: int = PORT, size: int = 2, min_size: int 
 
 
 @pytest.fixture
-async def pool(app_name: str) -> AsyncIterator[Any]:
+async def pool(pg_server: Postgres, app_name: str) -> AsyncIterator[Any]:
     """A two-connection asyncpg pool named `app_name`, terminated after the test."""
-    p = await make_pool(app_name)
+    p = await make_pool(pg_server, app_name)
     yield p
     try:
         await asyncio.wait_for(p.close(), 3)
@@ -191,9 +189,11 @@ async def test_nothing_committed_when_the_deadline_passed_before_commit(
     assert admin.execute(f"SELECT count(*) FROM {table}").fetchone() == (2,)
 
 
-async def test_budget_below_min_useful_fails_fast_without_a_connection(app_name: str) -> None:
+async def test_budget_below_min_useful_fails_fast_without_a_connection(
+    pg_server: Postgres, app_name: str
+) -> None:
     """Below min_useful nothing is sent and no connection is even opened."""
-    pool = await make_pool(app_name, min_size=0)
+    pool = await make_pool(pg_server, app_name, min_size=0)
     try:
         dep = deadlines.Dependency("postgres", min_useful=0.5)
         start = time.monotonic()
@@ -232,7 +232,7 @@ async def test_cancel_path_is_bounded_when_the_cancel_request_hangs(
     """A cancel request that cannot reach the server does not hold the caller: the
     connection is closed after `cleanup`, the pool stays usable, and Postgres stops
     the query itself."""
-    pool = await make_pool(app_name, port=proxy.port, size=1)
+    pool = await make_pool(proxy.postgres, app_name, size=1)
     try:
 
         async def handler() -> None:
@@ -259,7 +259,7 @@ async def test_cancel_during_begin_is_bounded_when_the_cancel_request_hangs(
 ) -> None:
     """A caller cancelled while BEGIN is unanswered is let go within about `cleanup`,
     and the pool stays usable."""
-    pool = await make_pool(app_name, port=proxy.port, size=1, min_size=1)
+    pool = await make_pool(proxy.postgres, app_name, size=1, min_size=1)
     try:
         proxy.stall()  # the pool's connection is open; nothing sent on it is answered
 
@@ -281,10 +281,7 @@ async def test_plain_asyncpg_hangs_when_the_cancel_request_hangs(
     """The failure bounded above: without the helper, a rollback after a cancelled
     query waits for asyncpg's cancel request, which never completes."""
     conn = await asyncpg.connect(
-        host=HOST,
-        port=proxy.port,
-        user=USER,
-        database=DB,
+        proxy.postgres.url(),
         server_settings={"application_name": app_name},
     )
     try:

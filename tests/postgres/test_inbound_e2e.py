@@ -10,24 +10,22 @@ import asyncpg
 import psycopg
 import pytest
 import uvicorn
-from pgtest_support import DB, HOST, PORT, USER, running, wait_running
+from pgtest_support import running, wait_running
 
 from deadlines.asgi import DeadlineMiddleware
 from deadlines.asyncpg import transaction
+from testservers import Postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.realtime, pytest.mark.anyio]
 
 
 async def test_caller_disconnecting_cancels_the_query_on_the_server(
-    admin: psycopg.Connection[tuple[object, ...]], app_name: str
+    pg_server: Postgres, admin: psycopg.Connection[tuple[object, ...]], app_name: str
 ) -> None:
     """uvicorn + DeadlineMiddleware: when the HTTP client hangs up mid-query, the
     handler is cancelled and Postgres stops running the statement."""
     pool = await asyncpg.create_pool(
-        host=HOST,
-        port=PORT,
-        user=USER,
-        database=DB,
+        pg_server.url(),
         min_size=1,
         max_size=1,
         ssl=False,

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgtest_support import DSN, Proxy, cancelled_after, running, wait_running
+from pgtest_support import Proxy, cancelled_after, running, wait_running
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 import deadlines
@@ -331,7 +331,7 @@ def test_sync_audit_and_cli(server: str, capsys: pytest.CaptureFixture[str]) -> 
     """`deadlines pg-audit DSN` prints the findings and exits 1 on unlimited settings."""
     from deadlines.__main__ import main
 
-    assert main(["pg-audit", DSN]) == 1
+    assert main(["pg-audit", server]) == 1
     out = capsys.readouterr().out
     assert "statement_timeout = 0" in out and "ALTER ROLE" in out
     assert main(["pg-audit", "host=127.0.0.1 port=1 user=x", "--connect-timeout", "1"]) == 2

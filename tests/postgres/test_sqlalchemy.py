@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from pgtest_support import DB, HOST, PORT, USER, running
+from pgtest_support import running
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 import deadlines
 from deadlines import postgres
 from deadlines.sqlalchemy import install
+from testservers import Postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.realtime]
 
@@ -23,10 +24,10 @@ Admin = psycopg.Connection[tuple[object, ...]]
 
 
 @pytest.fixture
-def engine(server: str, app_name: str) -> Iterator[Engine]:
+def engine(pg_server: Postgres, app_name: str) -> Iterator[Engine]:
     """A psycopg-backed engine with the hooks installed."""
     eng = create_engine(
-        f"postgresql+psycopg://{USER}@{HOST}:{PORT}/{DB}",
+        pg_server.url("postgresql+psycopg"),
         pool_size=2,
         pool_timeout=1.0,
         connect_args={"application_name": app_name},
@@ -71,11 +72,11 @@ def test_limits_only_inside_a_scope_core_and_orm(engine: Engine) -> None:
 
 
 def test_statement_cap_and_lock_timeout(
-    server: str, admin: Admin, table: str, app_name: str
+    pg_server: Postgres, admin: Admin, table: str, app_name: str
 ) -> None:
     """The dependency's cap gives StatementTimeout; lock_timeout gives LockTimeout."""
     eng = create_engine(
-        f"postgresql+psycopg://{USER}@{HOST}:{PORT}/{DB}",
+        pg_server.url("postgresql+psycopg"),
         connect_args={"application_name": app_name},
     )
     uninstall = install(eng, dependency=deadlines.Dependency("db", headers=0.3), lock_timeout=0.15)
@@ -112,10 +113,10 @@ def test_nothing_committed_after_the_deadline(engine: Engine, admin: Admin, tabl
     assert admin.execute(f"SELECT count(*) FROM {table}").fetchone() == (2,)
 
 
-def test_budget_below_min_useful_fails_fast(server: str, app_name: str) -> None:
+def test_budget_below_min_useful_fails_fast(pg_server: Postgres, app_name: str) -> None:
     """Below min_useful the transaction fails at begin, before any statement."""
     eng = create_engine(
-        f"postgresql+psycopg://{USER}@{HOST}:{PORT}/{DB}",
+        pg_server.url("postgresql+psycopg"),
         connect_args={"application_name": app_name},
     )
     install(eng, dependency=deadlines.Dependency("postgres", min_useful=0.5))

@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
-from pgtest_support import DB, HOST, PORT, USER, running
+from pgtest_support import running
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 import deadlines
 from deadlines.sqlalchemy import install
+from testservers import Postgres
 
 pytestmark = [pytest.mark.postgres, pytest.mark.realtime, pytest.mark.anyio]
 
@@ -24,10 +25,10 @@ Admin = psycopg.Connection[tuple[object, ...]]
 
 
 @pytest.fixture
-async def aengine(server: str, app_name: str) -> AsyncIterator[AsyncEngine]:
+async def aengine(pg_server: Postgres, app_name: str) -> AsyncIterator[AsyncEngine]:
     """An asyncpg-backed AsyncEngine with the hooks installed."""
     eng = create_async_engine(
-        f"postgresql+asyncpg://{USER}@{HOST}:{PORT}/{DB}",
+        pg_server.url("postgresql+asyncpg"),
         pool_size=2,
         connect_args={"server_settings": {"application_name": app_name}, "ssl": False},
     )
