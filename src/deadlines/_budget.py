@@ -154,7 +154,9 @@ class CallBudget:
         """The remaining time to send onward (``x-request-timeout-ms``): until the call's end."""
         return format_ms(self.end - _clock.now())  # "0" once past
 
-    def timeout(self, which: Limit, *, request_sent: bool | None = None) -> TimeoutError:
+    def timeout(
+        self, which: Limit, *, request_sent: bool | None = None
+    ) -> DeadlineExceeded | CallTimeout:
         """The error for phase `which` running out, naming the limit that was binding."""
         phase = _PHASE_OF[which]
         sent = (phase not in ("pool", "connect")) if request_sent is None else request_sent

@@ -9,7 +9,7 @@ after sending, the outcome is unknown.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, TypeVar
 
 Phase = Literal["pool", "connect", "headers", "body"]
 
@@ -195,3 +195,37 @@ def _sent_clause(request_sent: bool | None, pool_wait: float | None) -> str:
     elif request_sent is False:
         text += "; request was not sent, safe to retry"
     return text
+
+
+_E = TypeVar("_E", bound=BaseException)
+#: The classes `also` has made, by (our class, the client's class).
+_ALSO: dict[tuple[type[BaseException], type[BaseException]], type[BaseException]] = {}
+
+
+def also(error: _E, theirs: type[BaseException]) -> _E:
+    """`error`, as an instance of a class that is both its own and `theirs`.
+
+    For integrations: an error raised from inside a client's call is also that client's
+    own exception for the case (``httpx.ReadTimeout``, ``aiohttp.SocketTimeoutError``,
+    ...), so a caller's existing ``except`` for "the call timed out" catches it, while it
+    stays a `deadlines` error with every attribute. Each pair's class is made once; it
+    keeps our class's name.
+    """
+    ours = type(error)
+    if issubclass(ours, theirs):
+        return error
+    cls = _ALSO.get((ours, theirs))
+    if cls is None:
+        cls = _ALSO[ours, theirs] = type(
+            ours.__name__,
+            (ours, theirs),
+            {
+                "__module__": ours.__module__,
+                "__doc__": ours.__doc__,
+                "__qualname__": ours.__qualname__,
+            },
+        )
+    dual = cls.__new__(cls, *error.args)
+    BaseException.__init__(dual, *error.args)
+    dual.__dict__.update(error.__dict__)
+    return dual  # type: ignore[return-value]

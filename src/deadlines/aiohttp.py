@@ -56,6 +56,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from . import _alarms, _clock, retry
 from ._budget import CallBudget, Limit
 from ._dependency import Dependency
+from ._errors import also
 from .wire import HEADER
 
 __all__ = ["Response", "Session", "session"]
@@ -109,8 +110,17 @@ class _Call(CallBudget):
         """The taxonomy error for the limit in force."""
         if self.pool_wait is None and self.queued_at is not None:
             self.pool_wait = _clock.now() - self.queued_at  # still queued
-        return self.timeout(self.in_force, request_sent=self.request_sent)
+        error = self.timeout(self.in_force, request_sent=self.request_sent)
+        return also(error, _AIOHTTP_TIMEOUTS[error.phase or "body"])
 
+
+#: aiohttp's own timeout for the phase a limit cut (aiohttp counts the pool as connecting).
+_AIOHTTP_TIMEOUTS: dict[str, type[aiohttp.ServerTimeoutError]] = {
+    "pool": aiohttp.ConnectionTimeoutError,
+    "connect": aiohttp.ConnectionTimeoutError,
+    "headers": aiohttp.SocketTimeoutError,
+    "body": aiohttp.SocketTimeoutError,
+}
 
 _current: contextvars.ContextVar[_Call | None] = contextvars.ContextVar(
     "deadlines.aiohttp.call", default=None

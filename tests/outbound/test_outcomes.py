@@ -19,6 +19,7 @@ import aiohttp
 import anyio
 import httpx
 import pytest
+from outbound_helpers import UploadStallServer
 
 import deadlines
 import deadlines.aiohttp as daiohttp
@@ -64,6 +65,21 @@ FAILURES: dict[str, tuple[Callable[[], Server], float | None, str, str, str, boo
 }
 #: What each client raises for a reset mid-body.
 RESET_ERROR = {"httpx": httpx.ReadError, "aiohttp": aiohttp.ClientPayloadError}
+#: The client's own exception a timeout in each phase also is (what its users catch).
+CLIENT_TIMEOUT: dict[str, dict[str, type[Exception]]] = {
+    "httpx": {
+        "pool": httpx.PoolTimeout,
+        "connect": httpx.ConnectTimeout,
+        "headers": httpx.ReadTimeout,
+        "body": httpx.ReadTimeout,
+    },
+    "aiohttp": {
+        "pool": aiohttp.ConnectionTimeoutError,
+        "connect": aiohttp.ConnectionTimeoutError,
+        "headers": aiohttp.SocketTimeoutError,
+        "body": aiohttp.SocketTimeoutError,
+    },
+}
 
 
 @contextmanager
@@ -137,6 +153,12 @@ def test_each_failure_is_reported_with_its_outcome_and_phase(client: str, failur
         assert isinstance(error, RESET_ERROR[client.split("-")[0]]), repr(error)
     else:
         assert type(error).__name__ == error_name, repr(error)
+        # An async scope's deadline is raised by the scope, outside the call, as
+        # asyncio.timeout's is; from inside a call, an error is the client's own too.
+        if seconds is None or client == "httpx-sync":
+            assert isinstance(error, CLIENT_TIMEOUT[client.split("-")[0]][phase])
+            if client.startswith("httpx"):
+                assert error.request.url == httpx.URL(server.url)  # type: ignore[attr-defined]
         assert error.phase == phase  # type: ignore[attr-defined]
         assert error.dependency == "dep"  # type: ignore[attr-defined]
         assert error.request_sent is sent  # type: ignore[attr-defined]
@@ -170,6 +192,8 @@ async def test_the_pool_wait_is_reported_as_a_pool_timeout_by_every_async_client
                         errors.append(exc)
                     tasks.cancel_scope.cancel()
     assert [(e.phase, e.request_sent, e.dependency) for e in errors] == [("pool", False, "dep")] * 2
+    assert isinstance(errors[0], httpx.PoolTimeout)
+    assert isinstance(errors[1], aiohttp.ConnectionTimeoutError)
     pool = [(e.outcome, e.phase, e.request_sent) for e in events if e.phase == "pool"]
     assert pool == [("timeout", "pool", False)] * 2
 
@@ -189,6 +213,7 @@ def test_the_blocking_pool_wait_is_a_pool_timeout() -> None:
             client.get(server.url)
         holder.join()
     assert (caught.value.phase, caught.value.request_sent) == ("pool", False)
+    assert isinstance(caught.value, httpx.PoolTimeout)
     assert ("timeout", "pool", False) in [(e.outcome, e.phase, e.request_sent) for e in events]
 
 
@@ -216,3 +241,25 @@ def test_prometheus_counts_a_body_timeout_as_a_timeout_in_the_body(client: str) 
     assert samples[("deadlines_outbound_timeouts_total", (dep, ("phase", "body")))] == 1
     assert samples[("deadlines_outbound_calls_total", (dep, ("outcome", "timeout")))] == 1
     assert ("deadlines_outbound_calls_total", (dep, ("outcome", "ok"))) not in samples
+
+
+@pytest.mark.parametrize("client", ["httpx-async", "httpx-sync"])
+def test_an_upload_the_server_never_reads_is_a_write_timeout(client: str) -> None:
+    """The headers window ends mid-upload: HeadersTimeout, and httpx's WriteTimeout."""
+    body = b"x" * (16 << 20)
+
+    async def upload_async(url: str) -> None:
+        async with dhttpx.AsyncClient(DEP) as http:
+            await http.post(url, content=body)
+
+    def upload_sync(url: str) -> None:
+        with dhttpx.Client(DEP) as http:
+            http.post(url, content=body)
+
+    with UploadStallServer() as server, pytest.raises(deadlines.HeadersTimeout) as caught:
+        if client == "httpx-sync":
+            upload_sync(server.url)
+        else:
+            asyncio.run(upload_async(server.url))
+    assert isinstance(caught.value, httpx.WriteTimeout)
+    assert caught.value.request_sent is True

@@ -33,7 +33,7 @@ class Expired(BaseException):
 def translate(call: Call, exc: BaseException) -> Exception | None:
     """Our error for httpcore's `exc` (a timeout: the taxonomy; else httpx's), or None."""
     if isinstance(exc, httpcore.TimeoutException | Expired):
-        return call.error()
+        return call.error(exc)
     for theirs, ours in _NETWORK_ERRORS:
         if isinstance(exc, theirs):
             return ours(str(exc))

@@ -13,8 +13,9 @@ from typing import Any, Literal
 
 from .. import _clock
 from .._budget import CallBudget, Limit
+from .._errors import also
 from ..wire import HEADER
-from ._lib import anyio
+from ._lib import anyio, httpcore, httpx
 
 Phase = Literal["pool", "connect", "headers", "body"]
 
@@ -103,9 +104,15 @@ class Call:
         self.limit = "idle"
         return self.budget.limit("idle")
 
-    def error(self) -> TimeoutError:
-        """The taxonomy error for the limit in force when a timeout fired."""
-        return self.budget.timeout(self.limit, request_sent=self.request_sent)
+    def error(self, cause: BaseException | None = None) -> TimeoutError:
+        """The error for the limit in force when a timeout fired: ours, and httpx's too.
+
+        httpx's class is that of httpcore's timeout (`cause`) when there is one, else
+        that of the phase the limit cut: pool, connect, or a read.
+        """
+        error = self.budget.timeout(self.limit, request_sent=self.request_sent)
+        theirs = _HTTPX_TIMEOUTS.get(type(cause)) if cause is not None else None
+        return also(error, theirs or _PHASE_TIMEOUTS[error.phase or "body"])
 
     def header_value(self) -> bytes:
         """The remaining time to send onward, whole ms."""
@@ -127,6 +134,19 @@ class Call:
         set_header(info["request"].headers, self.header_value())
 
 
+# httpx's timeout for each of httpcore's, and for each phase a limit of ours can cut.
+_HTTPX_TIMEOUTS: dict[type[BaseException], type[httpx.TimeoutException]] = {
+    httpcore.PoolTimeout: httpx.PoolTimeout,
+    httpcore.ConnectTimeout: httpx.ConnectTimeout,
+    httpcore.ReadTimeout: httpx.ReadTimeout,
+    httpcore.WriteTimeout: httpx.WriteTimeout,
+}
+_PHASE_TIMEOUTS: dict[str, type[httpx.TimeoutException]] = {
+    "pool": httpx.PoolTimeout,
+    "connect": httpx.ConnectTimeout,
+    "headers": httpx.ReadTimeout,
+    "body": httpx.ReadTimeout,
+}
 _SEND_EVENTS = frozenset(
     {"http11.send_request_headers.started", "http2.send_request_headers.started"}
 )
