@@ -19,10 +19,12 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+from ._extras import missing
+
 try:
     import asyncpg
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("deadlines.asyncpg needs asyncpg: pip install 'deadlines[asyncpg]'") from exc
+    raise missing("deadlines.asyncpg", "asyncpg", "asyncpg") from exc
 
 from . import _validate
 from ._budget import CallBudget

@@ -41,11 +41,16 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Final
 
-from opentelemetry import metrics, trace
-from opentelemetry.context import Context, get_current
-from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
-from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer, TracerProvider
-from opentelemetry.util.types import AttributeValue
+from ._extras import missing
+
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.context import Context, get_current
+    from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
+    from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer, TracerProvider
+    from opentelemetry.util.types import AttributeValue
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise missing("deadlines.otel", "opentelemetry-api", "otel") from exc
 
 from . import __version__, _events
 from ._export import (

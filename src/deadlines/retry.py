@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from . import _scope, _validate
 from ._dependency import IDEMPOTENT_METHODS, Retry
 from ._errors import CallTimeout, DeadlineExceeded
+from ._extras import missing
 
 __all__ = [
     "may_retry",
@@ -219,10 +220,7 @@ def _require(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise ImportError(
-            f"deadlines.retry needs {name} for this: install it with"
-            " `pip install 'deadlines[retry]'`"
-        ) from exc
+        raise missing("deadlines.retry", name, "retry") from exc
 
 
 def stop_at_deadline(*, expected: float | timedelta = 0.0) -> Any:
