@@ -66,3 +66,5 @@ def test_metadata_says_the_license_and_the_pythons_ci_runs() -> None:
     )
     assert pythons == [(3, 11), (3, 12), (3, 13)]
     assert project["requires-python"] == ">=3.11"
+    ci = (root / ".ci" / "versions").read_text()
+    assert "3.13) version=3.13" in ci  # the newest classifier's Python has its own run
