@@ -61,6 +61,7 @@ CASES = {
     "fastapi": Case(
         "fastapi", "import deadlines.fastapi", "deadlines.fastapi", "FastAPI", "fastapi"
     ),
+    "django": Case("django", "import deadlines.django", "deadlines.django", "Django", "django"),
     "grpc": Case("grpc", "import deadlines.grpc", "deadlines.grpc", "grpcio", "grpc"),
     "asyncpg": Case(
         "asyncpg", "import deadlines.asyncpg", "deadlines.asyncpg", "asyncpg", "asyncpg"
