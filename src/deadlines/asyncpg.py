@@ -85,7 +85,9 @@ async def transaction(
             take after a cancellation; then the connection is closed instead.
         check_interval: ``client_connection_check_interval`` for the transaction
             (Postgres 14+), so a closed connection stops its query; None to skip.
-        isolation, readonly, deferrable: As `asyncpg.Connection.transaction`.
+        isolation: As for `asyncpg.Connection.transaction`.
+        readonly: As for `asyncpg.Connection.transaction`.
+        deferrable: As for `asyncpg.Connection.transaction`.
 
     Raises:
         BudgetExhausted: Not enough budget to start; nothing was sent.

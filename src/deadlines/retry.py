@@ -144,7 +144,10 @@ async def run_async(
     Args:
         attempt: Makes one attempt (one call with its own budget).
         policy: Attempts, backoff and expected attempt time.
-        method, idempotency_key: Decide whether a request that was sent may be retried.
+        method: With `idempotency_key`, decides whether a request that was sent may
+            be retried (an idempotent method may).
+        idempotency_key: Whether the request carries an ``Idempotency-Key``, which
+            makes any method retryable once sent.
         replayable: False when the request body cannot be sent twice (a generator).
         min_attempt: Do not retry with less time left than this plus the backoff (the
             dependency's ``min_useful``).
