@@ -35,7 +35,7 @@ from . import _clock, _inbound, _validate, wire
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
-from ._inbound import Limits, limits
+from ._inbound import Limits
 from ._scope import _Frame
 from ._scope import _frame as _frame_var
 from ._scope import scope as deadline_scope
@@ -47,7 +47,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise missing("deadlines.django", "Django", "django") from exc
 
-__all__ = ["DeadlineMiddleware", "Limits", "limits"]
+__all__ = ["DeadlineMiddleware", "Limits"]
 
 _OPTIONS = frozenset({"default", "maximum", "reserve", "header", "routes"})
 # The attribute a request carries while its deadline runs.
