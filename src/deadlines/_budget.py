@@ -195,7 +195,7 @@ class CallBudget:
 
     def __enter__(self) -> CallBudget:
         if _events._observers:  # as `_events.active()`, without the call: every call asks
-            _events.emit(_events.CallStarted(self.dependency.name, self.budget))
+            _events.emit(_events.CallStarted(self.dependency.name, self.budget, id(self)))
         return self
 
     def __exit__(
@@ -243,6 +243,7 @@ class CallBudget:
                 request_sent=sent,
                 limit=limit,
                 error=error,
+                call=id(self),
             )
         )
 

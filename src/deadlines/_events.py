@@ -8,7 +8,7 @@ subscribed, reporting an event costs one truthiness check.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal, TypeAlias, TypeVar
 
 _T = TypeVar("_T")
@@ -24,13 +24,13 @@ def _writes_slots(cls: type[_T]) -> type[_T]:
     """
     namespace: dict[str, Any] = {}
     params, lines = [], []
-    for field in fields(cls):  # type: ignore[arg-type]
-        name = field.name
+    for each in fields(cls):  # type: ignore[arg-type]
+        name = each.name
         namespace[f"_set_{name}"] = getattr(cls, name).__set__
-        if field.default is MISSING:
+        if each.default is MISSING:
             params.append(name)
         else:
-            namespace[f"_default_{name}"] = field.default
+            namespace[f"_default_{name}"] = each.default
             params.append(f"{name}=_default_{name}")
         lines.append(f"    _set_{name}(self, {name})")
     exec(f"def __init__(self, {', '.join(params)}):\n" + "\n".join(lines), namespace)
@@ -47,10 +47,15 @@ RequestOutcome = Literal["ok", "deadline", "caller_left", "budget_exhausted", "e
 @_writes_slots
 @dataclass(frozen=True, slots=True)
 class CallStarted:
-    """An outbound call to `dependency` began with `budget` seconds left (inf: no deadline)."""
+    """An outbound call to `dependency` began with `budget` seconds left (inf: no deadline).
+
+    `call` identifies the call while it runs: its `CallFinished` carries the same number
+    (0: not known), so an observer can pair them when calls overlap.
+    """
 
     dependency: str
     budget: float
+    call: int = field(default=0, compare=False, repr=False)
 
 
 @_writes_slots
@@ -61,6 +66,7 @@ class CallFinished:
     `started` is False for a call refused before it began (fail-fast): no `CallStarted`
     preceded it, so in-flight counts must not come down. A call that the request's
     deadline cut short is reported as outcome ``"deadline"`` with the phase it was in.
+    `call` is the number its `CallStarted` carried.
     """
 
     dependency: str
@@ -73,6 +79,7 @@ class CallFinished:
     limit: float | None = None
     error: BaseException | None = None
     started: bool = True
+    call: int = field(default=0, compare=False, repr=False)
 
 
 @_writes_slots

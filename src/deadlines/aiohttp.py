@@ -45,13 +45,13 @@ from collections.abc import AsyncIterator, Coroutine, Generator
 from types import TracebackType
 from typing import Any, TypeVar
 
+from ._extras import missing
+
 try:
     import aiohttp
     from multidict import CIMultiDict
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "deadlines.aiohttp needs aiohttp: install it with `pip install 'deadlines[aiohttp]'`"
-    ) from exc
+    raise missing("deadlines.aiohttp", "aiohttp", "aiohttp") from exc
 
 from . import _alarms, _clock, retry
 from ._budget import CallBudget, Limit

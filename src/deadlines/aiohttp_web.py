@@ -37,6 +37,7 @@ from typing import Any
 from . import _clock, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
+from ._extras import missing
 from ._inbound import Limits, limits
 from ._scope import _Frame
 from ._scope import _frame as _frame_var
@@ -46,9 +47,7 @@ try:
     from aiohttp import HttpVersion11, web
     from aiohttp.payload import AsyncIterablePayload
 except ImportError as exc:  # pragma: no cover - exercised without aiohttp installed
-    raise ImportError(
-        "deadlines.aiohttp_web needs aiohttp: pip install 'deadlines[aiohttp]'"
-    ) from exc
+    raise missing("deadlines.aiohttp_web", "aiohttp", "aiohttp") from exc
 
 __all__ = ["DeadlineMiddleware", "Limits", "limits"]
 

@@ -19,10 +19,12 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+from ._extras import missing
+
 try:
     import asyncpg
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError("deadlines.asyncpg needs asyncpg: pip install 'deadlines[asyncpg]'") from exc
+    raise missing("deadlines.asyncpg", "asyncpg", "asyncpg") from exc
 
 from . import _validate
 from ._budget import CallBudget
@@ -83,7 +85,9 @@ async def transaction(
             take after a cancellation; then the connection is closed instead.
         check_interval: ``client_connection_check_interval`` for the transaction
             (Postgres 14+), so a closed connection stops its query; None to skip.
-        isolation, readonly, deferrable: As `asyncpg.Connection.transaction`.
+        isolation: As for `asyncpg.Connection.transaction`.
+        readonly: As for `asyncpg.Connection.transaction`.
+        deferrable: As for `asyncpg.Connection.transaction`.
 
     Raises:
         BudgetExhausted: Not enough budget to start; nothing was sent.

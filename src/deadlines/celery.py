@@ -34,10 +34,12 @@ from collections.abc import Callable, MutableMapping
 from datetime import UTC, datetime
 from typing import Any
 
+from ._extras import missing
+
 try:
     from celery import Task, signals
 except ImportError as exc:  # pragma: no cover - exercised only without celery installed
-    raise ImportError("deadlines.celery needs Celery: install `deadlines[celery]`") from exc
+    raise missing("deadlines.celery", "Celery", "celery") from exc
 
 from . import jobs
 

@@ -22,12 +22,13 @@ from typing import Any
 
 from . import _inbound
 from ._deadline import Deadline
+from ._extras import missing
 from ._scope import current
 
 try:
     from fastapi import Depends
 except ImportError as exc:  # pragma: no cover - exercised without fastapi installed
-    raise ImportError("deadlines.fastapi needs FastAPI: pip install fastapi") from exc
+    raise missing("deadlines.fastapi", "FastAPI", "fastapi") from exc
 
 __all__ = ["deadline", "limits"]
 

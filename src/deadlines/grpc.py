@@ -72,6 +72,7 @@ from ._budget import CallBudget
 from ._dependency import Dependency
 from ._errors import DeadlineExceeded, TotalTimeout
 from ._events import RequestOutcome
+from ._extras import missing
 from ._inbound import Limits
 from ._scope import scope as deadline_scope
 
@@ -79,7 +80,7 @@ try:
     import grpc
     import grpc.aio
 except ImportError as exc:  # pragma: no cover - exercised without grpcio installed
-    raise ImportError("deadlines.grpc needs grpcio: pip install 'deadlines[grpc]'") from exc
+    raise missing("deadlines.grpc", "grpcio", "grpc") from exc
 
 __all__ = ["DeadlineInterceptor", "Limits", "client_interceptors"]
 

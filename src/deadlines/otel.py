@@ -10,12 +10,14 @@ Traces. Inside a recording span (your server instrumentation's, or your own):
 
 - an inbound request sets ``deadlines.request.budget`` (seconds it arrived with) and
   ``deadlines.request.outcome`` on the current span;
-- every outbound call becomes a child span ``deadlines.call <dependency>`` with its
-  real start and end, carrying ``deadlines.dependency``, ``deadlines.remaining`` (the
-  budget left when it started), ``deadlines.outcome``, ``deadlines.pool_wait``, and on a
-  failure ``deadlines.phase``, ``deadlines.limit``, ``deadlines.request_sent`` and an
-  error status (``call_spans=False``: a ``deadlines.call`` event on the current span
-  instead);
+- every outbound call is a child span ``deadlines.call <dependency>``, started with the
+  call and current until it ends, so the spans of the client's own instrumentation
+  (opentelemetry-instrumentation-aiohttp-client, a driver's) are its children. It
+  carries ``deadlines.dependency``, ``deadlines.remaining`` (the budget left when it
+  started), ``deadlines.outcome``, ``deadlines.pool_wait``, and on a failure
+  ``deadlines.phase``, ``deadlines.limit``, ``deadlines.request_sent``, ``error.type``
+  and an error status (``call_spans=False``: a ``deadlines.call`` event on the current
+  span instead);
 - a timeout also sets ``deadlines.timeout.dependency``, ``deadlines.timeout.phase``,
   ``deadlines.timeout.pool_wait`` and ``deadlines.timeout.request_sent`` on the current
   span, so the hop's own span says where its time went;
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 import threading
 import time
 import weakref
@@ -41,13 +44,26 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Final
 
-from opentelemetry import metrics, trace
-from opentelemetry.context import Context, get_current
-from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
-from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer, TracerProvider
-from opentelemetry.util.types import AttributeValue
+from ._extras import missing
+
+try:
+    from opentelemetry import metrics, trace
+    from opentelemetry.context import (
+        Context,
+        attach,
+        create_key,
+        get_current,
+        get_value,
+        set_value,
+    )
+    from opentelemetry.metrics import CallbackOptions, Histogram, MeterProvider, Observation
+    from opentelemetry.trace import INVALID_SPAN, Span, Status, StatusCode, Tracer, TracerProvider
+    from opentelemetry.util.types import AttributeValue
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise missing("deadlines.otel", "opentelemetry-api", "otel") from exc
 
 from . import __version__, _events
+from ._errors import DeadlinesError
 from ._export import (
     DEFAULT_BUCKETS,
     OVERFLOW_LABEL,
@@ -60,6 +76,10 @@ from ._export import (
 __all__ = ["DEFAULT_BUCKETS", "OVERFLOW_LABEL", "Telemetry", "install"]
 
 _FAILED: Final = frozenset({"timeout", "deadline", "budget_exhausted", "error"})
+# The context key under which an open call span is current, and how many running calls
+# keep one (past it the oldest is forgotten: a response nobody closes never ends its call).
+_OPEN: Final = create_key("deadlines.call")
+_OPEN_MAX: Final = 4096
 _Attributes = dict[str, AttributeValue]
 # A histogram record: instrument, value, attributes, the context it was made in.
 _Record = tuple[Histogram, float, _Attributes, Context]
@@ -88,6 +108,50 @@ def _from_sdk(meter: metrics.Meter) -> bool:
     except ImportError:  # another implementation of the API
         return False
     return isinstance(meter, Meter)
+
+
+def _error_type(event: _events.CallFinished) -> str:
+    """``error.type`` of a failed call: the error's class, named as the user imports it."""
+    error = event.error
+    if event.outcome == "deadline" and not isinstance(error, DeadlinesError):
+        return "deadlines.DeadlineExceeded"  # cut by the scope, which raises that
+    if error is None:
+        return "_OTHER"
+    cls = type(error)
+    if cls.__module__ == "builtins":
+        return cls.__qualname__
+    # The shortest module path that exports it: httpx.ConnectError, not httpx._exceptions.
+    # An error that is also the client's own (`deadlines._errors.also`) is named by the
+    # class of ours it extends, which is what is exported.
+    for klass in cls.__mro__:
+        parts = klass.__module__.split(".")
+        for end in range(1, len(parts) + 1):
+            module = sys.modules.get(".".join(parts[:end]))
+            if getattr(module, klass.__qualname__, None) is klass:
+                return f"{'.'.join(parts[:end])}.{klass.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class _Open:
+    """An outbound call's span, current from the call's start in the context it began in."""
+
+    __slots__ = ("ended", "parent", "span")
+
+    def __init__(self, span: Span, parent: Context) -> None:
+        self.span = span
+        self.parent = parent  # the context current when the call began
+        self.ended = False
+
+    def close(self) -> None:
+        """Make the caller's span current again, if this call's span still is here."""
+        self.ended = True
+        if get_value(_OPEN) is not self:
+            return  # another call's span is current, or this is not the call's context
+        context = self.parent
+        # Calls closed out of order: skip the spans of those that ended already.
+        while isinstance(opened := get_value(_OPEN, context), _Open) and opened.ended:
+            context = opened.parent
+        attach(context)
 
 
 # The instruments of each meter provider, made once: the SDK ignores the callbacks of an
@@ -217,6 +281,7 @@ class _Recorder:
         self._attrs: dict[tuple[str, ...], _Attributes] = {}
         self._in_flight_keys: dict[str, tuple[str]] = {}
         self._plans: dict[tuple[str, str], _Plan] = {}
+        self._open: dict[int, _Open] = {}  # the spans of running calls, by event.call
 
     def attach(
         self, telemetry: Telemetry, tracer: Tracer, call_spans: bool, outbound_budget: bool
@@ -330,6 +395,10 @@ class _Recorder:
             held.append(event.dependency)
             if len(held) >= _BATCH or not self._holds:
                 self._flush_held()
+            if self._call_spans and event.call:
+                context = get_current()
+                if trace.get_current_span(context).is_recording():
+                    self._open_call(event, context)
         elif isinstance(event, _events.CallFinished):
             self._call_finished(event)
         elif isinstance(event, _events.RequestStarted):
@@ -364,8 +433,23 @@ class _Recorder:
             self._in_flight_keys[dependency] = key
         return key
 
+    def _open_call(self, event: _events.CallStarted, context: Context) -> None:
+        """Start the call's span and make it current: the client's own spans nest in it."""
+        attrs: _Attributes = {"deadlines.dependency": event.dependency}
+        if math.isfinite(event.budget):
+            attrs["deadlines.remaining"] = event.budget
+        span = self._tracer.start_span(
+            f"deadlines.call {event.dependency}", context, attributes=attrs
+        )
+        opened = self._open[event.call] = _Open(span, context)
+        if len(self._open) > _OPEN_MAX:  # calls never closed (a response never released)
+            del self._open[next(iter(self._open))]
+        attach(set_value(_OPEN, opened, trace.set_span_in_context(span, context)))
+
     def _call_finished(self, event: _events.CallFinished) -> None:
-        context = get_current()
+        opened = self._open.pop(event.call, None) if event.call else None
+        # The caller's context: the hop's span gets the timeout attributes and exemplars.
+        context = get_current() if opened is None else opened.parent
         span = trace.get_current_span(context)
         if span is INVALID_SPAN:  # outside any trace: nothing to do now but hold
             recorded = traced = False
@@ -383,7 +467,9 @@ class _Recorder:
         if len(held) >= _BATCH or not self._holds:
             self._flush_held()
         if traced:
-            self._call_trace(span, event, event.outcome, context)
+            self._call_trace(span, event, event.outcome, context, opened)
+        elif opened is not None:  # the caller's span ended during the call
+            self._end_call(opened, event, {"deadlines.outcome": event.outcome})
 
     def _plan(self, dependency: str, outcome: str) -> _Plan:
         dep = self._dependency(dependency)
@@ -395,7 +481,12 @@ class _Recorder:
         return plan
 
     def _call_trace(
-        self, span: Span, event: _events.CallFinished, outcome: str, context: Context
+        self,
+        span: Span,
+        event: _events.CallFinished,
+        outcome: str,
+        context: Context,
+        opened: _Open | None,
     ) -> None:
         attrs: _Attributes = {
             "deadlines.dependency": event.dependency,
@@ -413,6 +504,8 @@ class _Recorder:
             sent = event.request_sent
             if sent is not None:
                 attrs["deadlines.request_sent"] = sent
+        if outcome in _FAILED:
+            attrs["error.type"] = _error_type(event)
         if outcome in ("timeout", "deadline"):
             span.set_attributes(
                 {
@@ -425,6 +518,10 @@ class _Recorder:
         if not self._call_spans:
             span.add_event("deadlines.call", attrs)
             return
+        if opened is not None:
+            self._end_call(opened, event, attrs)
+            return
+        # A call that never started (fail-fast) or started before install: made now.
         end = time.time_ns()
         child = self._tracer.start_span(
             f"deadlines.call {event.dependency}",
@@ -437,6 +534,16 @@ class _Recorder:
                 child.record_exception(event.error, timestamp=end)
             child.set_status(Status(StatusCode.ERROR, str(event.error or outcome)))
         child.end(end_time=end)
+
+    def _end_call(self, opened: _Open, event: _events.CallFinished, attrs: _Attributes) -> None:
+        child = opened.span
+        child.set_attributes(attrs)
+        if event.outcome in _FAILED:
+            if event.error is not None:
+                child.record_exception(event.error)
+            child.set_status(Status(StatusCode.ERROR, str(event.error or event.outcome)))
+        child.end()
+        opened.close()
 
     def _request_finished(self, event: _events.RequestFinished) -> None:
         route = self._route(event.route)

@@ -33,6 +33,7 @@ from . import _clock, _validate
 from ._budget import CallBudget
 from ._dependency import Dependency
 from ._errors import BudgetExhausted, DeadlineExceeded, HeadersTimeout, TotalTimeout
+from ._extras import missing
 
 T = TypeVar("T")
 
@@ -591,7 +592,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import psycopg
     except ImportError:  # pragma: no cover - depends on the install
-        print("deadlines pg-audit needs psycopg: pip install 'deadlines[psycopg]'")
+        print(missing("deadlines pg-audit", "psycopg", "psycopg"))
         return 2
     timeout = max(1, math.ceil(args.connect_timeout))
     try:

@@ -39,9 +39,14 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
-from prometheus_client.registry import Collector
+from ._extras import missing
+
+try:
+    from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+    from prometheus_client.metrics import MetricWrapperBase
+    from prometheus_client.registry import Collector
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise missing("deadlines.prometheus", "prometheus_client", "prometheus") from exc
 
 from . import _events
 from ._export import (

@@ -26,13 +26,13 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import timedelta
 from typing import Any
 
+from ._extras import missing
+
 try:
     import psycopg
     from psycopg import pq
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "deadlines.psycopg needs psycopg 3: pip install 'deadlines[psycopg]'"
-    ) from exc
+    raise missing("deadlines.psycopg", "psycopg 3", "psycopg") from exc
 
 from . import _clock, _validate
 from ._budget import CallBudget

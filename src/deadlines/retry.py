@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 from . import _scope, _validate
 from ._dependency import IDEMPOTENT_METHODS, Retry
 from ._errors import CallTimeout, DeadlineExceeded
+from ._extras import missing
 
 __all__ = [
     "may_retry",
@@ -143,7 +144,10 @@ async def run_async(
     Args:
         attempt: Makes one attempt (one call with its own budget).
         policy: Attempts, backoff and expected attempt time.
-        method, idempotency_key: Decide whether a request that was sent may be retried.
+        method: With `idempotency_key`, decides whether a request that was sent may
+            be retried (an idempotent method may).
+        idempotency_key: Whether the request carries an ``Idempotency-Key``, which
+            makes any method retryable once sent.
         replayable: False when the request body cannot be sent twice (a generator).
         min_attempt: Do not retry with less time left than this plus the backoff (the
             dependency's ``min_useful``).
@@ -219,10 +223,7 @@ def _require(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        raise ImportError(
-            f"deadlines.retry needs {name} for this: install it with"
-            " `pip install 'deadlines[retry]'`"
-        ) from exc
+        raise missing("deadlines.retry", name, "retry") from exc
 
 
 def stop_at_deadline(*, expected: float | timedelta = 0.0) -> Any:

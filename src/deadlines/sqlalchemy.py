@@ -20,13 +20,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from ._extras import missing
+
 try:
     from sqlalchemy import event
     from sqlalchemy.engine import Connection, Engine, ExceptionContext
 except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
-        "deadlines.sqlalchemy needs SQLAlchemy 2: pip install 'deadlines[sqlalchemy]'"
-    ) from exc
+    raise missing("deadlines.sqlalchemy", "SQLAlchemy 2", "sqlalchemy") from exc
 
 from . import _scope, _validate
 from ._budget import CallBudget

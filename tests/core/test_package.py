@@ -46,3 +46,25 @@ def test_py_typed_is_shipped() -> None:
     from importlib.resources import files
 
     assert files("deadlines").joinpath("py.typed").is_file()
+
+
+def test_metadata_says_the_license_and_the_pythons_ci_runs() -> None:
+    """pyproject's license is the LICENSE file's; its classifiers name 3.11 to 3.13."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    assert (root / "LICENSE").read_text().startswith("MIT License\n")
+    pythons = sorted(
+        tuple(map(int, m.groups()))
+        for c in project["classifiers"]
+        if (m := re.fullmatch(r"Programming Language :: Python :: (\d+)\.(\d+)", c))
+    )
+    assert pythons == [(3, 11), (3, 12), (3, 13)]
+    assert project["requires-python"] == ">=3.11"
+    ci = (root / ".ci" / "versions").read_text()
+    assert "3.13) version=3.13" in ci  # the newest classifier's Python has its own run

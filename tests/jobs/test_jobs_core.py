@@ -219,14 +219,3 @@ def test_core_modules_need_only_the_standard_library() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
-
-
-def test_celery_integration_says_what_to_install() -> None:
-    """Without Celery, importing `deadlines.celery` names the extra to install."""
-    import subprocess
-    import sys
-
-    code = "import sys; sys.modules['celery'] = None; import deadlines.celery"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode != 0
-    assert "install `deadlines[celery]`" in out.stderr

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from .._extras import missing
+
 try:
     import anyio as anyio
     import httpcore as httpcore
     import httpx as httpx
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
-    raise ImportError(
-        "deadlines.httpx needs httpx: install it with `pip install 'deadlines[httpx]'`"
-    ) from exc
+    raise missing("deadlines.httpx", "httpx", "httpx") from exc

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._extras import missing
+
 
 @dataclass
 class Table:
@@ -76,7 +78,7 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:  # pragma: no cover - the lab extra installs it
-        raise RuntimeError("plots need matplotlib: pip install 'deadlines[lab]'") from exc
+        raise missing("deadlines lab", "matplotlib", "lab") from exc
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         try:
             print(f"wrote {result.plot(args.plot)}")
-        except RuntimeError as exc:
+        except ImportError as exc:
             print(f"deadlines sim: {exc}", file=sys.stderr)
             return 1
     return 0

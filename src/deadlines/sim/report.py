@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .._extras import missing
 from .result import LoadSummary, Result, VariantResult
 
 
@@ -99,9 +100,7 @@ def plot(result: Result, path: Path) -> Path:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise RuntimeError(
-            "plotting needs matplotlib: install `deadlines[lab]` or `matplotlib`"
-        ) from exc
+        raise missing("deadlines sim --plot", "matplotlib", "sim") from exc
     variants = list(result.variants.values())
     fig, axes = plt.subplots(len(variants), 3, figsize=(15, 3.2 * len(variants)), squeeze=False)
     for row, variant in zip(axes, variants, strict=True):
