@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "src" / "deadlines" / "httpx"
-MODULES = ("pool.py", "transport.py", "client.py")
+MODULES = ("pool.py", "transport.py", "bounded.py", "client.py")
 
 #: (pattern, replacement), applied in order to every line.
 RULES = [

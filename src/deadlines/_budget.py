@@ -155,10 +155,14 @@ class CallBudget:
         return format_ms(self.end - _clock.now())  # "0" once past
 
     def timeout(
-        self, which: Limit, *, request_sent: bool | None = None
+        self, which: Limit, *, request_sent: bool | None = None, phase: Phase | None = None
     ) -> DeadlineExceeded | CallTimeout:
-        """The error for phase `which` running out, naming the limit that was binding."""
-        phase = _PHASE_OF[which]
+        """The error for limit `which` running out, naming the limit that was binding.
+
+        The phase is the one `which` bounds, unless `phase` says where the call was
+        when the total (or the deadline) ran out.
+        """
+        phase = _PHASE_OF[which] if phase is None else phase
         sent = (phase not in ("pool", "connect")) if request_sent is None else request_sent
         elapsed = _clock.now() - self.start
         source = self.binding(which)

@@ -412,22 +412,21 @@ async def test_trio_headers_and_total(anyio_backend: str) -> None:
             assert fired_at(time.monotonic() - start, 0.8)
 
 
-def test_options_the_dependency_decides_are_refused() -> None:
-    """timeout=, limits= and friends are refused: the Dependency is the one source."""
-    with pytest.raises(TypeError, match="decided by the deadlines.Dependency"):
-        dhttpx.AsyncClient(DEP, timeout=5)
-    with pytest.raises(TypeError, match="decided by the deadlines.Dependency"):
-        dhttpx.Client(DEP, limits=httpx.Limits(max_connections=3))
+def test_a_dependency_is_required() -> None:
+    """Anything but a deadlines.Dependency is refused, with a message that says so."""
     with pytest.raises(TypeError, match="deadlines.Dependency"):
         dhttpx.AsyncTransport("pricing")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="deadlines.Dependency"):
+        dhttpx.Client("pricing")  # type: ignore[arg-type]
 
 
 def test_transport_composes_with_a_plain_httpx_client() -> None:
-    """The transport works inside any httpx client, httpx's own timeout ignored."""
+    """The transport works inside any httpx client; a longer httpx timeout changes nothing."""
     with SilentServer() as server:
         client = httpx.Client(transport=dhttpx.Transport(DEP), timeout=60)
-        with client, pytest.raises(HeadersTimeout):
+        with client, pytest.raises(HeadersTimeout) as caught:
             client.get(server.url)
+        assert caught.value.limit == DEP.headers
 
 
 def test_user_trace_extension_still_sees_events() -> None:

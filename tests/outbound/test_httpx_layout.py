@@ -1,15 +1,18 @@
-"""deadlines.httpx's own house rules: the blocking half is generated, httpcore's seams pinned."""
+"""deadlines.httpx's house rules: its blocking half generated, its private seams pinned."""
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
 
 import httpcore
+import httpx
 import pytest
 
 from deadlines.httpx._httpcore import SEAMS
+from deadlines.httpx._httpx import SEAMS as HTTPX_SEAMS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,3 +44,13 @@ def test_httpcore_private_names_used_are_there(name: str) -> None:
     instance = _instances()[name]
     for attribute in SEAMS[name]:
         assert hasattr(instance, attribute), f"httpcore.{name} has no {attribute}"
+
+
+@pytest.mark.parametrize("client", [httpx.AsyncClient, httpx.Client], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("method", sorted(HTTPX_SEAMS))
+def test_httpx_private_hooks_overridden_are_there(client: type, method: str) -> None:
+    """Each httpx client method deadlines.httpx overrides exists with the parameters it takes."""
+    hook = getattr(client, method, None)
+    assert hook is not None, f"httpx.{client.__name__} has no {method}"
+    parameters = list(inspect.signature(hook).parameters)[1:]  # without self
+    assert tuple(parameters) == HTTPX_SEAMS[method], parameters

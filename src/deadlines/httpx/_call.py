@@ -39,6 +39,7 @@ class Call:
         "limit",
         "opened",
         "phase",
+        "proxied",
         "request_sent",
         "scope",
         "stream",
@@ -59,6 +60,10 @@ class Call:
         self.scope: anyio.CancelScope | None = None
         self.connection: Any = None
         self.opened: Any = None
+        #: Through a proxy, the I/O before the request head (a CONNECT, a SOCKS
+        #: handshake) is part of connecting: only the trace hook's send event, for a
+        #: request that is not a CONNECT, begins the headers window.
+        self.proxied = False
         #: HTTP/2: the shared connection's stream and this request's stream id on it.
         self.stream: Any = None
         self.stream_id: int | None = None
@@ -97,6 +102,8 @@ class Call:
     def io_timeout(self) -> float:
         """Timeout for one read or write: the headers window, or an idle gap in the body."""
         if self.phase in ("pool", "connect"):
+            if self.proxied and self.phase == "connect":  # still reaching the origin
+                return self.connect_left()
             self.begin_headers()
         if self.phase == "headers":
             self.limit = "headers"
@@ -104,13 +111,14 @@ class Call:
         self.limit = "idle"
         return self.budget.limit("idle")
 
-    def error(self, cause: BaseException | None = None) -> TimeoutError:
+    def error(self, cause: BaseException | None = None, phase: Phase | None = None) -> TimeoutError:
         """The error for the limit in force when a timeout fired: ours, and httpx's too.
 
-        httpx's class is that of httpcore's timeout (`cause`) when there is one, else
-        that of the phase the limit cut: pool, connect, or a read.
+        httpx's class is that of httpcore's (or httpx's) timeout `cause` when there is
+        one, else that of the phase the limit cut: pool, connect, or a read. `phase`
+        says where the call was, when the limit is the total.
         """
-        error = self.budget.timeout(self.limit, request_sent=self.request_sent)
+        error = self.budget.timeout(self.limit, request_sent=self.request_sent, phase=phase)
         theirs = _HTTPX_TIMEOUTS.get(type(cause)) if cause is not None else None
         return also(error, theirs or _PHASE_TIMEOUTS[error.phase or "body"])
 
@@ -127,7 +135,7 @@ class Call:
 
     def on_send(self, name: str, info: Any) -> None:
         """Trace hook: the request head is about to go out; refresh the header, start headers."""
-        if name not in _SEND_EVENTS:
+        if name not in _SEND_EVENTS or info["request"].method == b"CONNECT":
             return
         self.begin_headers()
         self.stream_id = info.get("stream_id")  # HTTP/2 only
@@ -140,6 +148,10 @@ _HTTPX_TIMEOUTS: dict[type[BaseException], type[httpx.TimeoutException]] = {
     httpcore.ConnectTimeout: httpx.ConnectTimeout,
     httpcore.ReadTimeout: httpx.ReadTimeout,
     httpcore.WriteTimeout: httpx.WriteTimeout,
+    httpx.PoolTimeout: httpx.PoolTimeout,
+    httpx.ConnectTimeout: httpx.ConnectTimeout,
+    httpx.ReadTimeout: httpx.ReadTimeout,
+    httpx.WriteTimeout: httpx.WriteTimeout,
 }
 _PHASE_TIMEOUTS: dict[str, type[httpx.TimeoutException]] = {
     "pool": httpx.PoolTimeout,

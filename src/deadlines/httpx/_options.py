@@ -1,29 +1,19 @@
-"""What a client or transport takes: the dependency, httpx's options, the retry rule."""
+"""What a client or transport takes: the dependency, httpx's own options, the retry rule."""
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import ssl
-import typing
+from collections.abc import Mapping
 from typing import Any
 
 from .._dependency import Dependency
 from ._boundary import request_sent
-from ._lib import httpx
+from ._lib import httpcore, httpx
 
-_TRANSPORT_OPTIONS = frozenset(
-    {
-        "verify",
-        "cert",
-        "trust_env",
-        "http1",
-        "http2",
-        "keepalive_expiry",
-        "local_address",
-        "uds",
-        "socket_options",
-    }
-)
-_DECIDED_BY_DEPENDENCY = ("timeout", "limits", "transport", "mounts", "proxy")
+#: What our transports take beyond the options an httpx client passes them.
+TRANSPORT_ONLY = ("uds", "local_address", "socket_options", "retries")
 
 
 def check_dependency(dependency: Dependency) -> None:
@@ -32,45 +22,124 @@ def check_dependency(dependency: Dependency) -> None:
         raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
 
 
-def split_options(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """Take the transport's options out of `kwargs`; refuse what the dependency decides."""
-    for name in _DECIDED_BY_DEPENDENCY:
-        if name in kwargs:
-            raise TypeError(
-                f"{name}= is decided by the deadlines.Dependency (limits, pool size) and"
-                " cannot be passed to a deadlines.httpx client"
-            )
-    options = {key: kwargs.pop(key) for key in list(kwargs) if key in _TRANSPORT_OPTIONS}
-    if "trust_env" in options:
-        kwargs["trust_env"] = options["trust_env"]
-    return options
+def pool_size(dependency: Dependency, limits: httpx.Limits) -> int:
+    """Connections and calls at once: the dependency's pool, or fewer if `limits` says so."""
+    most = limits.max_connections
+    return dependency.pool_size if most is None else max(1, min(dependency.pool_size, most))
+
+
+def narrowed(dependency: Dependency, timeout: Mapping[str, float | None] | None) -> Dependency:
+    """`dependency` with its caps lowered by an httpx timeout, where that is shorter.
+
+    httpx's ``timeout=`` (the client's, or a request's) is a cap like the dependency's:
+    connect caps the connect window, read the wait for the head and each silence in
+    the body, pool the wait for a place. Its write timeout is not separate here: the
+    request is sent inside the headers window.
+    """
+    if not timeout:
+        return dependency
+    return _narrowed(dependency, timeout.get("connect"), timeout.get("read"), timeout.get("pool"))
+
+
+@functools.lru_cache(maxsize=64)
+def _narrowed(
+    dependency: Dependency, connect: float | None, read: float | None, pool: float | None
+) -> Dependency:
+    def lower(cap: float, given: float | None) -> float:
+        return cap if given is None else max(min(cap, given), 1e-6)
+
+    connect_cap = lower(dependency.connect, connect)
+    headers, idle = lower(dependency.headers, read), lower(dependency.idle, read)
+    pool_wait = dependency.pool_wait if pool is None else min(dependency.pool_wait, pool)
+    if (connect_cap, headers, idle, pool_wait) == (
+        dependency.connect,
+        dependency.headers,
+        dependency.idle,
+        dependency.pool_wait,
+    ):
+        return dependency
+    return Dependency(
+        dependency.name,
+        connect=connect_cap,
+        headers=headers,
+        idle=idle,
+        total=dependency.total,
+        pool_size=dependency.pool_size,
+        pool_wait=pool_wait,
+        min_useful=dependency.min_useful,
+        retry=dependency.retry,
+    )
 
 
 def factory_options(
-    dependency: Dependency,
     *,
     verify: ssl.SSLContext | str | bool,
     cert: Any,
     trust_env: bool,
     http1: bool,
     http2: bool,
-    keepalive_expiry: float | None,
+    size: int,
+    limits: httpx.Limits,
+    proxy: httpx.Proxy | None,
     local_address: str | None,
     uds: str | None,
-    socket_options: typing.Iterable[Any] | None,
+    socket_options: Any,
+    retries: int,
 ) -> dict[str, Any]:
-    """The options of the httpcore pool that makes this dependency's connections."""
-    return {
+    """The keyword arguments of the httpcore pool (or proxy) that makes the connections.
+
+    As httpx's own transport builds it; sized to the dependency's pool.
+    """
+    options: dict[str, Any] = {
         "ssl_context": httpx.create_ssl_context(verify=verify, cert=cert, trust_env=trust_env),
-        "max_connections": dependency.pool_size,
-        "max_keepalive_connections": dependency.pool_size,
-        "keepalive_expiry": keepalive_expiry,
+        "max_connections": size,
+        "max_keepalive_connections": size,
+        "keepalive_expiry": limits.keepalive_expiry,
         "http1": http1,
         "http2": http2,
-        "local_address": local_address,
-        "uds": uds,
-        "socket_options": socket_options,
+        "retries": retries,
     }
+    if proxy is None or proxy.url.scheme in ("http", "https"):
+        options.update(local_address=local_address, uds=uds, socket_options=socket_options)
+    if proxy is not None:
+        options["proxy_url"] = httpcore.URL(
+            scheme=proxy.url.raw_scheme,
+            host=proxy.url.raw_host,
+            port=proxy.url.port,
+            target=proxy.url.raw_path,
+        )
+        options["proxy_auth"] = proxy.raw_auth
+        if proxy.url.scheme in ("http", "https"):
+            options["proxy_headers"] = proxy.headers.raw
+            options["proxy_ssl_context"] = proxy.ssl_context
+    return options
+
+
+def proxy_kind(proxy: httpx.Proxy | None) -> str | None:
+    """None (direct), "http" (an HTTP or HTTPS proxy) or "socks"; httpx's error otherwise."""
+    if proxy is None:
+        return None
+    scheme = proxy.url.scheme
+    if scheme in ("http", "https"):
+        return "http"
+    if scheme in ("socks5", "socks5h"):
+        if importlib.util.find_spec("socksio") is None:
+            raise ImportError(
+                "Using SOCKS proxy, but the 'socksio' package is not installed. "
+                "Make sure to install httpx using `pip install httpx[socks]`."
+            )
+        return "socks"
+    raise ValueError(
+        "Proxy protocol must be either 'http', 'https', 'socks5', or 'socks5h',"
+        f" but got {scheme!r}."
+    )
+
+
+def as_proxy(proxy: httpx.Proxy | httpx.URL | str | None) -> httpx.Proxy | None:
+    """A `httpx.Proxy` for what httpx's ``proxy=`` takes."""
+    if proxy is None or isinstance(proxy, httpx.Proxy):
+        return proxy
+    return httpx.Proxy(url=proxy)
 
 
 def retry_options(dependency: Dependency, request: httpx.Request) -> dict[str, Any]:

@@ -38,10 +38,19 @@ class Pool:
     With `multiplexed` (HTTP/2 enabled) a connection may carry several calls at once.
     """
 
-    def __init__(self, factory: httpcore.ConnectionPool, size: int, *, multiplexed: bool) -> None:
+    def __init__(
+        self,
+        factory: httpcore.ConnectionPool,
+        size: int,
+        *,
+        multiplexed: bool,
+        max_idle: int | None = None,
+    ) -> None:
         self._factory = factory
         self._size = size
         self._multiplexed = multiplexed
+        #: Idle connections kept at most (httpx's max_keepalive_connections).
+        self._max_idle = size if max_idle is None else max_idle
         # The books change from one thread at a time; never held across an await.
         self._lock = threading.Lock()
         #: Every connection and the number of calls it carries, least recently used first.
@@ -109,6 +118,9 @@ class Pool:
         del self._uses[victim]
         return victim
 
+    def _idle(self) -> int:
+        return sum(1 for uses in self._uses.values() if uses == 0)
+
     def check_in(self, call: Call) -> list[Any]:
         """`call` is done with its connection; return what to close (it, if it cannot serve on)."""
         connection, call.connection = call.connection, None
@@ -121,8 +133,10 @@ class Pool:
                 self._uses[connection] = uses
                 return []
             if uses == 0 and not connection.is_closed() and connection.is_idle():
-                self._uses[connection] = 0  # back in, as the most recently used
-                return []
+                if self._idle() < self._max_idle:
+                    self._uses[connection] = 0  # back in, as the most recently used
+                    return []
+                return [connection]  # more idle connections than are kept
         # Torn or closed: drop it, and close what httpcore's own cleanup did not (it may
         # have been interrupted), the socket the call opened included.
         closing = [] if connection.is_closed() else [connection]

@@ -17,7 +17,15 @@ from .._call import Call, current, start
 from .._httpcore import abandon_sync
 from .._lib import httpcore, httpx
 from .._messages import core_request, response
-from .._options import check_dependency, factory_options, retry_options
+from .._options import (
+    as_proxy,
+    check_dependency,
+    factory_options,
+    narrowed,
+    pool_size,
+    proxy_kind,
+    retry_options,
+)
 from .._primitives import Gate, Shield, Window, sync_trace
 from .pool import Pool
 
@@ -25,15 +33,30 @@ from .pool import Pool
 class Transport(httpx.BaseTransport):
     """An httpx transport that bounds every phase of a call by `dependency`.
 
+    Takes httpx's own transport options, with the same meaning:
+
     Args:
         dependency: The limits, pool size and retry rule for the service called.
-        verify, cert, trust_env: TLS settings, as for httpx's own transport.
-        http1, http2: Protocols to offer (HTTP/2 needs the ``h2`` package).
-        keepalive_expiry: Seconds an idle pooled connection is kept.
-        local_address, uds, socket_options: As for httpx's own transport.
+        verify: TLS verification: True, False, a CA bundle path or an `ssl.SSLContext`.
+        cert: A client certificate, as for httpx.
+        trust_env: Whether to read ``SSL_CERT_FILE`` and friends from the environment.
+        http1: Whether to offer HTTP/1.1.
+        http2: Whether to offer HTTP/2 (needs the ``h2`` package).
+        limits: An `httpx.Limits`: its ``max_connections`` can only lower the
+            dependency's pool size; ``keepalive_expiry`` is how long an idle connection
+            is kept.
+        proxy: A proxy (``http://``, ``https://``, ``socks5://``), as a URL or an
+            `httpx.Proxy`; every phase through it is bounded (connecting to it, the
+            CONNECT or SOCKS handshake, TLS to the origin count as connecting).
+        uds: A Unix domain socket path to connect to instead of TCP.
+        local_address: The local address to connect from.
+        socket_options: Socket options, as for httpx.
+        retries: How often to retry a refused connect (httpx's connect retries; the
+            dependency's ``retry`` is the retry of whole calls).
 
     The pool holds at most ``dependency.pool_size`` connections and admits that many
-    calls at once; a response holds its place until it is closed.
+    calls at once; a response holds its place until it is closed. A request's httpx
+    ``timeout`` lowers the dependency's caps where it is shorter.
     """
 
     def __init__(
@@ -45,31 +68,46 @@ class Transport(httpx.BaseTransport):
         trust_env: bool = True,
         http1: bool = True,
         http2: bool = False,
-        keepalive_expiry: float | None = 5.0,
-        local_address: str | None = None,
+        limits: httpx.Limits = httpx.Limits(),  # noqa: B008 - immutable, as httpx's default
+        proxy: httpx.Proxy | httpx.URL | str | None = None,
         uds: str | None = None,
+        local_address: str | None = None,
         socket_options: typing.Iterable[Any] | None = None,
+        retries: int = 0,
     ) -> None:
         check_dependency(dependency)
         self.dependency = dependency
         self._http2 = http2
-        self._gate = Gate(dependency.pool_size)
-        factory = httpcore.ConnectionPool(
-            network_backend=Backend(prior_knowledge=http2 and not http1),
-            **factory_options(
-                dependency,
-                verify=verify,
-                cert=cert,
-                trust_env=trust_env,
-                http1=http1,
-                http2=http2,
-                keepalive_expiry=keepalive_expiry,
-                local_address=local_address,
-                uds=uds,
-                socket_options=socket_options,
-            ),
+        proxy = as_proxy(proxy)
+        kind = proxy_kind(proxy)
+        self._proxied = kind is not None
+        size = pool_size(dependency, limits)
+        self._gate = Gate(size)
+        options = factory_options(
+            verify=verify,
+            cert=cert,
+            trust_env=trust_env,
+            http1=http1,
+            http2=http2,
+            size=size,
+            limits=limits,
+            proxy=proxy,
+            local_address=local_address,
+            uds=uds,
+            socket_options=socket_options,
+            retries=retries,
         )
-        self._pool = Pool(factory, dependency.pool_size, multiplexed=http2)
+        backend = Backend(prior_knowledge=http2 and not http1)
+        factory: httpcore.ConnectionPool
+        if kind is None:
+            factory = httpcore.ConnectionPool(network_backend=backend, **options)
+        elif kind == "http":
+            factory = httpcore.HTTPProxy(network_backend=backend, **options)
+        else:
+            factory = httpcore.SOCKSProxy(network_backend=backend, **options)
+        self._pool = Pool(
+            factory, size, multiplexed=http2, max_idle=limits.max_keepalive_connections
+        )
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request` inside the budget, retrying by ``dependency.retry`` if set."""
@@ -84,7 +122,8 @@ class Transport(httpx.BaseTransport):
         )
 
     def _attempt(self, request: httpx.Request) -> httpx.Response:
-        call = start(self.dependency)
+        call = start(narrowed(self.dependency, request.extensions.get("timeout")))
+        call.proxied = self._proxied
         token = current.set(call)
         admitted = False
         core = None
@@ -94,7 +133,7 @@ class Transport(httpx.BaseTransport):
             request.headers[HEADER] = call.budget.header_ms()
             user_trace = request.extensions.get("trace")
             trace = None
-            if user_trace is not None or self._http2:
+            if user_trace is not None or self._http2 or self._proxied:
                 trace = sync_trace(call, user_trace)
             core = core_request(request, call, trace)
             if trace is None:
