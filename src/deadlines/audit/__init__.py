@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import importlib.util
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -120,10 +121,18 @@ def _filter(
 def audit_file(
     path: str | Path, *, select: Iterable[str] | None = None, ignore: Iterable[str] = ()
 ) -> list[Finding]:
-    """Findings in one file; raises `AuditError` if it cannot be read or parsed."""
+    """Findings in one file; raises `AuditError` if it cannot be read or parsed.
+
+    The file is decoded as Python does: UTF-8, or the encoding its first lines declare
+    (PEP 263, ``# -*- coding: latin-1 -*-``).
+    """
     try:
-        source = Path(path).read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        source = importlib.util.decode_source(data)
+    except (SyntaxError, UnicodeDecodeError) as exc:
         raise AuditError(f"{path}: cannot read: {exc}") from exc
     return audit_source(source, str(path), select=select, ignore=ignore)
 

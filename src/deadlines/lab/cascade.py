@@ -47,7 +47,18 @@ class Params:
     variants: tuple[str, ...] = field(default=VARIANTS)
 
     def __post_init__(self) -> None:
-        _params.check(self, known=VARIANTS)
+        _params.check(
+            self,
+            known=VARIANTS,
+            at_most={"pool_size": (100_000, "a deadlines.Dependency's largest pool"),
+                     "price_ms": (_params.HOUR * 1000, "an hour")},
+            seconds=("duration", "recs_timeout", "checkout_timeout", "home_deadline",
+                     "sample_every"),
+        )  # fmt: skip
+        _params.check_requests(
+            (self.home_rate + self.checkout_rate) * self.duration,
+            "--home-rate and --checkout-rate over --duration",
+        )
 
 
 def quick() -> Params:

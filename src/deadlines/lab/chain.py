@@ -49,7 +49,12 @@ class Params:
     variants: tuple[str, ...] = field(default=VARIANTS)
 
     def __post_init__(self) -> None:
-        _params.check(self, known=VARIANTS)
+        _params.check(
+            self,
+            known=VARIANTS,
+            seconds=("user_wait", "a_work", "b_work", "c_work", "ab_timeout", "bc_timeout",
+                     "reserve"),
+        )  # fmt: skip
 
 
 def quick() -> Params:
@@ -60,6 +65,18 @@ def quick() -> Params:
 def expected_seconds(p: Params) -> float:
     """About how long `run` takes."""
     return len(p.variants) * (p.a_work + p.b_work + p.c_work + 4.0)
+
+
+def probe(dsn: str) -> None:
+    """Raise `ValueError` naming ``--dsn`` when Postgres at `dsn` cannot be reached."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=5):
+            pass
+    except psycopg.Error as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ValueError(f"--dsn: cannot connect: {lines[0]}") from None
 
 
 class _Store:

@@ -37,7 +37,7 @@ class Params:
     interval: float = 1.0
 
     def __post_init__(self) -> None:
-        _params.check(self)
+        _params.check(self, seconds=("cap", "limit", "interval"))
         if self.limit >= self.cap:
             raise ValueError(f"--limit ({self.limit} s) must be shorter than --cap ({self.cap} s)")
 

@@ -54,9 +54,33 @@ class Params:
 
     def __post_init__(self) -> None:
         known = [*_KNOWN, *(f"{k}+deadlines" for k in sorted(_KNOWN))]
-        _params.check(self, known=known, names_field="policies")
+        _params.check(
+            self,
+            known=known,
+            names_field="policies",
+            # deadlines.sim's own limits, for --sim; `check_processes` for real ones.
+            at_most={"rate": (1e7, "the simulator's limit"),
+                     "servers": (10_000, "the simulator's limit"),
+                     "service_ms": (_params.HOUR * 1000, "an hour")},
+            seconds=("run_for", "slow_at", "request_deadline", "client_timeout", "window",
+                     "sample_every"),
+        )  # fmt: skip
         if self.servers < 2:
             raise ValueError("--servers must be at least 2 (one of them becomes slow)")
+
+
+#: Backend processes the lab starts at most (each is a Python process).
+MOST_SERVERS = 32
+
+
+def check_processes(p: Params) -> None:
+    """Raise `ValueError` if `p` is more than the real processes can run (`--sim` can)."""
+    if p.servers > MOST_SERVERS:
+        raise ValueError(
+            f"--servers must be at most {MOST_SERVERS} (each is a process; --sim has no"
+            f" such limit), got {p.servers}"
+        )
+    _params.check_requests(p.rate * p.run_for, "--rate over --run-for")
 
 
 def quick() -> Params:

@@ -108,6 +108,7 @@ def plot(result: Result, path: Path) -> Path:
         _plot_variant(row, variant)
     fig.suptitle(f"{result.scenario} (seed {result.seed})")
     fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
