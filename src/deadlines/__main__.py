@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -62,6 +63,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except _cli.UsageError as exc:
         print(f"deadlines {args.command}: {exc}", file=sys.stderr)
         return _cli.USAGE
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as a process killed by SIGPIPE.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _cli.PIPE_CLOSED
     except Exception:
         # A crash must not look like a finding (exit 1) or like bad input (exit 2).
         traceback.print_exc()

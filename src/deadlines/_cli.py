@@ -16,6 +16,8 @@ OK = 0
 FINDINGS = 1
 USAGE = 2
 BUG = 3
+#: The reader of stdout went away (``| head``): 128 + SIGPIPE, as a shell reports it.
+PIPE_CLOSED = 141
 
 
 class UsageError(Exception):

@@ -112,3 +112,24 @@ def test_sim_shows_progress_on_a_run_longer_than_two_seconds(tmp_path: Path) -> 
     assert "% done" in long.stderr and "[sim] done in" in long.stderr, long.stderr
     short = deadlines(["sim", str(EXAMPLES / "sim/chain.toml")], cwd=tmp_path)
     assert short.code == 0 and short.stderr == ""
+
+
+def test_a_closed_stdout_ends_quietly_with_141(tmp_path: Path) -> None:
+    """`deadlines ... | head` closing the pipe early is no traceback: exit 141, like SIGPIPE."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "deadlines", "audit", "--list-rules"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+        cwd=tmp_path,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    proc.stdout.close()  # before the child writes a byte
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(30) == 141, err
+    assert err == ""

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from . import _params, report
+from . import _params, chapter, report
 from .harness import Processes
 from .progress import Progress
 
@@ -227,46 +227,120 @@ def run(p: Params, progress: Progress) -> dict[str, Any]:
 
 
 _LABELS = {
-    "fixed": ("Fixed timeouts (A→B {ab_timeout:g} s, B→C {bc_timeout:g} s, no cancellation)"),
-    "propagated": "Propagated budget plus 'caller left' (deadlines)",
+    "fixed": "fixed timeouts",
+    "propagated": "propagated (deadlines)",
 }
+#: A figure within this of the chapter's agrees with it.
+AGREE_MS = 50.0
+
+
+def _c_cell(x: dict[str, Any]) -> str:
+    if x["c_committed"]:
+        return f"committed at {report.ms(x['c_finished_ms'])}"
+    if x["c_stopped_ms"] is not None:
+        return f"stopped at {report.ms(x['c_stopped_ms'])} ({x['c_stop_reason']})"
+    return "no commit"
+
+
+def _chapter_row(run: chapter.ChainRun) -> list[str]:
+    told = "not told" if run.c_budget_ms is None else report.ms(run.c_budget_ms)
+    work = (
+        f"committed at {report.ms(run.c_ended_ms)}"
+        if run.c_committed
+        else f"stopped at {report.ms(run.c_ended_ms)} ({run.c_stop_reason})"
+    )
+    return ["  the chapter (Node)", f"504 at {report.ms(run.a_answered_ms)}",
+            report.ms(run.b_gave_up_ms), told, work]  # fmt: skip
 
 
 def tables(result: dict[str, Any]) -> list[report.Table]:
-    """The chapter's table: one column per variant."""
+    """The chapter's table: a row per variant, the chapter's row below each."""
     p = result["params"]
-    names = list(result["variants"])
     table = report.Table(
         f"chain: A ({p['a_work']:g} s) → B ({p['b_work']:g} s) → C ({p['c_work']:g} s, then "
         f"COMMIT); the user waits {p['user_wait']:g} s",
-        ["", *[_LABELS.get(n, n).format(**p) for n in names]],
+        ["run", "A answers", "B gives up", "C is told", f"C's {p['c_work']:g} s of work"],
     )
-    v = result["variants"]
-
-    def a_cell(n: str) -> str:
-        return f"{v[n]['a_status']} at {report.ms(v[n]['a_answered_ms'])}"
-
-    def c_cell(n: str) -> str:
-        x = v[n]
-        if x["c_committed"]:
-            return f"finished and committed at {report.ms(x['c_finished_ms'])}"
-        if x["c_stopped_ms"] is not None:
-            return f"stopped at {report.ms(x['c_stopped_ms'])} ({x['c_stop_reason']}), no commit"
-        return "no commit"
-
-    def budget_cell(n: str) -> str:
-        budget = v[n]["c_budget_ms"]
-        return "not told" if budget is None else f"{budget:,} ms"
-
-    table.rows += [
-        ["A answers the user", *[a_cell(n) for n in names]],
-        ["B gives up on C", *[report.ms(v[n]["b_gave_up_ms"]) for n in names]],
-        ["C is told it has", *[budget_cell(n) for n in names]],
-        [f"C's {p['c_work']:g} s of work", *[c_cell(n) for n in names]],
-    ]
+    for name, x in result["variants"].items():
+        told = "not told" if x["c_budget_ms"] is None else f"{x['c_budget_ms']:,} ms"
+        table.rows.append([
+            _LABELS.get(name, name), f"{x['a_status']} at {report.ms(x['a_answered_ms'])}",
+            report.ms(x["b_gave_up_ms"]), told, _c_cell(x),
+        ])  # fmt: skip
+        if name in chapter.CHAIN:
+            table.rows.append(_chapter_row(chapter.CHAIN[name]))
+    table.note = (
+        "Times from the user's request."
+        f" fixed: A→B {p['ab_timeout']:g} s, B→C {p['bc_timeout']:g} s, nothing stops when a"
+        f" caller leaves. propagated: deadlines.asgi.DeadlineMiddleware with a"
+        f" {p['reserve'] * 1000:g} ms reserve per hop, deadlines.httpx sending the time left."
+    )
     for name, why in result.get("pending", {}).items():
-        table.note += f"{name}: pending ({why}). "
+        table.note += f" {name}: pending ({why})."
+    table.verdict = verdict(result)
     return [table]
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """Each variant beside the chapter's Part 4; the propagated one's difference explained."""
+    p = result["params"]
+    same = chapter.same_params(p, chapter.CHAIN_PARAMS)
+    parts = []
+    agrees = True
+    fixed = result["variants"].get("fixed")
+    if fixed is not None:
+        ok, text = _fixed(fixed, same)
+        agrees &= ok
+        parts.append(text)
+    propagated = result["variants"].get("propagated")
+    if propagated is not None:
+        ok, text = _propagated(propagated, p, same)
+        agrees &= ok
+        parts.append(text)
+    return chapter.verdict(agrees, " ".join(parts) or "no variant ran.")
+
+
+def _fixed(x: dict[str, Any], same: bool) -> tuple[bool, str]:
+    ref = chapter.CHAIN["fixed"]
+    shape = x["c_committed"] and (x["c_finished_ms"] or 0) > (x["a_answered_ms"] or 0)
+    if not shape:
+        return False, "fixed: C did not commit after A answered, as the chapter's did."
+    if not same:
+        return True, "fixed: C commits for nobody after A answered, as in the chapter."
+    ours = (x["a_answered_ms"], x["b_gave_up_ms"], x["c_finished_ms"])
+    theirs = (ref.a_answered_ms, ref.b_gave_up_ms, ref.c_ended_ms)
+    off = max(abs((a or 0.0) - b) for a, b in zip(ours, theirs, strict=True))
+    figures = " / ".join(report.ms(v, unit=False) for v in ours)
+    return off <= AGREE_MS, (
+        f"fixed: {figures} ms against the chapter's 2,004 / 2,509 / 3,510 (within"
+        f" {off:.0f} ms), C committing for nobody."
+    )
+
+
+def _propagated(x: dict[str, Any], p: dict[str, Any], same: bool) -> tuple[bool, str]:
+    ref = chapter.CHAIN["propagated"]
+    if x["c_committed"] or x["c_stopped_ms"] is None or x["a_status"] != 504:
+        return False, "propagated: C was not stopped before its commit, as the chapter's was."
+    stopped = x["c_stopped_ms"]
+    reserve_ms = p["reserve"] * 1000.0
+    own = p["user_wait"] * 1000.0 - 3 * reserve_ms
+    earlier = ref.c_ended_ms - stopped
+    told = f"{x['c_budget_ms']:,} ms" if x["c_budget_ms"] is not None else "nothing"
+    why = (
+        f"C stops {earlier:,.0f} ms earlier than the chapter's, on '{x['c_stop_reason']}'"
+        f" rather than 'caller left': every hop keeps a {reserve_ms:g} ms reserve (the"
+        f" chapter's RESERVE_MS), so C is told {told} where the chapter's C was told 1,448"
+        " (2,000 less A's and B's 500 ms of work and one reserve), and C's own deadline,"
+        f" {p['user_wait'] * 1000:,.0f} ms less three reserves, is {own:,.0f} ms. The chapter's"
+        " C ran on until B hung up at 1,963 ms. The lab keeps a reserve at every hop: it is"
+        " what deadlines does, and the chapter's own rule (the innermost work gives up"
+        " first, while its caller still listens)."
+    )
+    if not same:
+        return True, f"propagated: C stopped, nothing committed, as in the chapter; {why}"
+    return abs(earlier) <= AGREE_MS, (
+        f"propagated: the same shape (504, C stopped, nothing committed), but {why}"
+    )
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:

@@ -1,7 +1,8 @@
 """`deadlines lab [defaults|cascade|chain|slow-server|all]`: the experiments, from the shell.
 
 Bare `deadlines lab` runs them all (about two minutes) and writes one Markdown report
-with tables and pictures. Each experiment prints tables like the chapter's; `--json`
+with tables and pictures. Each experiment prints tables like the chapter's, with the
+chapter's figures beside its own and a verdict (agrees, or differs and why); `--json`
 writes its figures, `--plot` a PNG, `--quick` a short version. The chapter's numbers
 are only the defaults: every duration, rate, budget and pool size is a flag.
 `deadlines lab slow-server --sim` runs the simulated twin with the same flags.
@@ -90,6 +91,8 @@ def _flag(group: Any, experiment: str, field: str, kind: Any, help_text: str) ->
     flag = "--" + field.replace("_", "-")
     if kind is tuple:
         group.add_argument(flag, dest=dest, metavar="A,B", help=help_text)
+    elif kind is bool:
+        group.add_argument(flag, dest=dest, action="store_const", const=True, help=help_text)
     else:
         metavar = "DSN" if kind is str else "N"
         group.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=help_text)
@@ -119,6 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(g, "defaults", "cap", float, "seconds a case may run before '> cap' (15)")
     _flag(g, "defaults", "limit", float, "the common options' timeout, s (2)")
     _flag(g, "defaults", "interval", float, "trickle servers: seconds per byte (1)")
+    _flag(g, "defaults", "long", bool, "let blackholed connects run until the kernel gives up"
+          " (~2 min more)")  # fmt: skip
     g = parser.add_argument_group("cascade")
     _flag(g, "cascade", "duration", float, "seconds of load (10)")
     _flag(g, "cascade", "home_rate", float, "/home requests per second (50)")
@@ -308,15 +313,20 @@ def _measure(name: str, plan: _Run, progress: Progress) -> dict[str, Any]:
 def _section(
     name: str, result: dict[str, Any], folder: Path | None
 ) -> tuple[str, str, list[Any], list[Path]]:
-    """Print the experiment's tables; its report section (PNG drawn into `folder`)."""
+    """Print the experiment's tables; its report section (PNG drawn into `folder`).
+
+    The report also has the experiment's detailed tables (`details`), too wide for a
+    terminal.
+    """
     module = experiment(name)
     tables = module.tables(result)
     for table in tables:
         print(table.text())
         print()
+    details = module.details(result) if hasattr(module, "details") else []
     pictures = [] if folder is None else [module.plot(result, folder / f"{name}.png")]
     heading, text = _SECTIONS[name]
-    return heading, text, tables, pictures
+    return heading, text, [*tables, *details], pictures
 
 
 def _intro(args: argparse.Namespace, took: float) -> str:

@@ -8,23 +8,32 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: The terminal width the lab's tables are made to fit.
+WIDTH = 100
+
 
 @dataclass
 class Table:
-    """A titled table of strings, printed like the chapter's."""
+    """A titled table of strings, printed like the chapter's.
+
+    `verdict` sets the table beside the chapter's figures: ``agrees: ...`` or
+    ``differs: ...`` with the reason.
+    """
 
     title: str
     headers: Sequence[str]
     rows: list[Sequence[str]] = field(default_factory=list)
     note: str = ""
+    verdict: str = ""
 
     def text(self) -> str:
-        """The table in plain aligned columns, for the terminal."""
+        """The table in plain aligned columns, for the terminal; notes wrapped to `WIDTH`."""
         widths = [len(h) for h in self.headers]
         for row in self.rows:
             widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
@@ -35,7 +44,9 @@ class Table:
         out = [self.title, line(self.headers), line(["-" * w for w in widths])]
         out.extend(line(row) for row in self.rows)
         if self.note:
-            out.append(self.note)
+            out.append(textwrap.fill(self.note, WIDTH))
+        if self.verdict:
+            out.append(textwrap.fill(f"Chapter: {self.verdict}", WIDTH))
         return "\n".join(out)
 
     def markdown(self) -> str:
@@ -48,6 +59,8 @@ class Table:
         out.extend(line(row) for row in self.rows)
         if self.note:
             out += ["", self.note]
+        if self.verdict:
+            out += ["", f"**Chapter:** {self.verdict}"]
         return "\n".join(out)
 
 

@@ -27,7 +27,7 @@ import aiohttp
 
 import deadlines
 
-from . import _params, report
+from . import _params, chapter, report
 from .harness import Processes
 from .load import LoadRun, percentile, run_open_loop
 from .progress import Progress
@@ -268,8 +268,8 @@ def tables(result: dict[str, Any]) -> list[report.Table]:
         f"slow-server{' (simulated)' if simulated else ''}: {p['servers']} backends, "
         f"{p['rate']:g} req/s; backend 1 becomes "
         f"{p['slow_factor']:g}× slower at {p['slow_at']:g} s but stays healthy",
-        ["policy", "p50 after", "p99 after", "ok after", "sent to slow one",
-         "queue max per backend", "work for nobody", "shed", "rate achieved"],
+        ["policy", "p50 after", "p99 after", "ok after", "to slow", "queue max",
+         "for nobody", "shed"],
     )  # fmt: skip
     for name, v in result["policies"].items():
         table.rows.append(
@@ -282,19 +282,49 @@ def tables(result: dict[str, Any]) -> list[report.Table]:
                 " / ".join(str(q) for q in v["queue_max"]),
                 str(sum(v["wasted"])),
                 str(sum(v["dropped"])),
-                f"{v['load']['req']['error_pct']:+.2f}%",
             ]
         )
-    table.note = (
-        "Latencies count failures at the time they failed (unanswered: the whole limit). "
-        "'work for nobody': requests a backend served after the client had left."
+    table.rows.append(["the chapter", "-", "-", "-", "-", "grows", "-", "-"])
+    rates = ", ".join(
+        f"{name} {v['load']['req']['error_pct']:+.2f}%" for name, v in result["policies"].items()
     )
+    table.note = (
+        "After the slowdown: p50, p99 and the share answered; 'to slow': the share sent to"
+        " the slow backend; queue max per backend; 'for nobody': requests a backend served"
+        " after the client had left; 'shed': dropped by deadlines. Latencies count failures"
+        f" at the time they failed. Load achieved against requested: {rates}."
+    )
+    table.verdict = verdict(result)
     if simulated:
         table.note += (
             f" Simulated by deadlines.sim (seed {result.get('seed')}): no process was "
             "started, and no time is spent on the wire."
         )
     return [table]
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """The measurement beside the chapter's prediction (it gives no figures)."""
+    policies = result["policies"]
+    slow = result["slow_server"]
+    rr = policies.get("round_robin")
+    if rr is None:
+        return chapter.verdict(False, "round robin, the chapter's case, did not run.")
+    queues = rr["queue_max"]
+    others = max((q for i, q in enumerate(queues) if i != slow), default=0)
+    grew = queues[slow] >= 3 * max(others, 1)
+    text = (
+        f"{chapter.SLOW_SERVER}. Here round robin sent the slow backend"
+        f" {rr['share_sent_to_slow_pct']:.0f}% of the requests; its queue reached"
+        f" {queues[slow]} (the others {others}) and p99 {report.ms(rr['p99_ms_after_slowdown'])}"
+    )
+    lo = policies.get("least_outstanding")
+    if lo is not None:
+        text += (
+            f"; least outstanding sent it {lo['share_sent_to_slow_pct']:.0f}%, p99"
+            f" {report.ms(lo['p99_ms_after_slowdown'])}"
+        )
+    return chapter.verdict(grew, text + ".")
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
