@@ -315,19 +315,65 @@ def verdict(result: dict[str, Any]) -> str:
     )
 
 
+#: How each variant is drawn: the pairs that coincide (no timeout and the separate
+#: pool both pile up; timeout and deadlines both stay flat) as a wide pale band under a
+#: thin marked line, so both stay visible.
+_STYLES = {
+    "no_timeout": {"color": "tab:red", "linewidth": 7, "alpha": 0.35},
+    "bulkhead": {"color": "tab:purple", "linewidth": 1.5, "linestyle": "--", "marker": "x"},
+    "timeout": {"color": "tab:blue", "linewidth": 7, "alpha": 0.35},
+    "deadlines": {"color": "tab:green", "linewidth": 1.5, "linestyle": ":", "marker": "o",
+                  "markersize": 3},
+}  # fmt: skip
+
+
 def plot(result: dict[str, Any], path: str | Path) -> Path:
-    """In-flight /home requests over time, one line per variant."""
+    """/home in flight over time per variant (left); /checkout ok and failed (right)."""
     plt = report.pyplot()
-    fig, ax = plt.subplots(figsize=(7, 4))
-    styles = ["-", "--", "-.", ":"]
-    for n, (name, v) in enumerate(result["variants"].items()):
+    variants = result["variants"]
+    fig, (flight, checkout) = plt.subplots(
+        1, 2, figsize=(12, 4.6), width_ratios=(3, 2), layout="constrained"
+    )
+    for name, v in variants.items():
         xs = [pt[0] for pt in v["home_in_flight_series"]]
         ys = [pt[1] for pt in v["home_in_flight_series"]]
-        style = styles[n % len(styles)]
-        ax.plot(xs, ys, linestyle=style, marker=".", label=_LABELS.get(name, name))
-    ax.set_xlabel("seconds since recommendations stopped answering")
-    ax.set_ylabel("/home requests in flight")
-    ax.set_title("cascade: waiting piles up unless something bounds it")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        flight.plot(xs, ys, label=_SHORT.get(name, name), **_STYLES.get(name, {}))
+    if chapter.same_params(result["params"], chapter.CASCADE_PARAMS):
+        ends = [ref.in_flight for ref in chapter.CASCADE.values()]
+        at = [result["params"]["duration"]] * len(ends)
+        flight.scatter(at, ends, marker="D", s=30, facecolor="none", edgecolor="black",
+                       zorder=3, label="the chapter, after 10 s")  # fmt: skip
+    flight.set_xlabel("seconds since recommendations stopped answering")
+    flight.set_ylabel("/home requests in flight")
+    flight.set_title("/home: waiting piles up unless something bounds it")
+    flight.grid(alpha=0.3)
+    flight.legend(fontsize=8, loc="upper left")
+    _plot_checkout(checkout, variants, result["params"])
+    fig.suptitle("cascade: recommendations hang at t = 0; /checkout never calls them")
     return report.save_figure(fig, path)
+
+
+def _plot_checkout(ax: Any, variants: dict[str, Any], p: dict[str, Any]) -> None:
+    """The chapter's main point: the healthy route dies first when the pool is shared."""
+    names = list(variants)
+    ok = [variants[n]["checkout_ok"] for n in names]
+    failed = [variants[n]["checkout_failed"] for n in names]
+    ys = range(len(names))
+    ax.barh(ys, ok, color="tab:green")
+    ax.barh(ys, failed, left=ok, color="tab:red")
+    for y, (name, good, bad) in enumerate(zip(names, ok, failed, strict=True)):
+        x = (good + bad) * 1.02
+        ax.text(x, y - 0.1, f"{good} of {good + bad} ok", va="center", fontsize=9)
+        if name in chapter.CASCADE:
+            ref = chapter.CASCADE[name]
+            text = f"chapter: {ref.checkout_ok} of {ref.checkout_sent}"
+            ax.text(x, y + 0.25, text, va="center", fontsize=7, color="grey")
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels([_SHORT.get(n, n) for n in names], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max((a + b for a, b in zip(ok, failed, strict=True)), default=1) * 1.4)
+    ax.set_xlabel(
+        f"requests ({p['checkout_rate']:g}/s, {p['checkout_timeout']:g} s limit):"
+        " ok (green), failed (red)"
+    )
+    ax.set_title("/checkout, the healthy route")

@@ -343,32 +343,64 @@ def _propagated(x: dict[str, Any], p: dict[str, Any], same: bool) -> tuple[bool,
     )
 
 
+#: Each hop's lane inside a run's band, so marks a few ms apart do not hide each other.
+_LANES = {"A": 0.3, "B": 0.0, "C": -0.3}
+
+
+def _marks(x: dict[str, Any]) -> list[tuple[str, str, float | None, str]]:
+    """(hop, label, ms, colour) of what each hop did."""
+    committed = x["c_finished_ms"] if x["c_committed"] else None
+    return [
+        ("A", "A answers", x["a_answered_ms"], "tab:blue"),
+        ("B", "B gives up", x["b_gave_up_ms"], "tab:orange"),
+        ("C", "C stopped", x["c_stopped_ms"], "tab:green"),
+        ("C", "C committed", committed, "tab:red"),
+    ]
+
+
 def plot(result: dict[str, Any], path: str | Path) -> Path:
-    """A timeline per variant: when A answered, B gave up, C stopped or committed."""
+    """A timeline per run, a lane per hop: when A answered, B gave up, C stopped or committed.
+
+    Hollow grey marks are the chapter's figures for the same events.
+    """
     plt = report.pyplot()
     names = list(result["variants"])
-    fig, ax = plt.subplots(figsize=(9, 1.6 + 1.5 * len(names)))
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 1.9 * len(names)), layout="constrained")
     user_wait = result["params"]["user_wait"] * 1000.0
     for row, name in enumerate(names):
-        v = result["variants"][name]
-        marks = [
-            ("A answers", v["a_answered_ms"], "tab:blue"),
-            ("B gives up", v["b_gave_up_ms"], "tab:orange"),
-            ("C stopped", v["c_stopped_ms"], "tab:green"),
-            ("C committed", v["c_finished_ms"] if v["c_committed"] else None, "tab:red"),
-        ]
-        shown = [(label, value, colour) for label, value, colour in marks if value is not None]
-        for k, (label, value, colour) in enumerate(shown):
-            ax.scatter([value], [row], color=colour, s=60, zorder=3)
-            # Stack the labels: in the propagated run every mark falls within a few ms.
-            ax.annotate(f"{label} {value:,.0f} ms", (value, row), textcoords="offset points",
-                        xytext=(6, 10 + 11 * k), fontsize=8, color=colour)  # fmt: skip
+        x = result["variants"][name]
+        for hop, label, value, colour in _marks(x):
+            if value is None:
+                continue
+            y = row + _LANES[hop]
+            ax.scatter([value], [y], color=colour, s=60, zorder=3)
+            ax.annotate(f"{label} {value:,.0f} ms", (value, y), textcoords="offset points",
+                        xytext=(8, -3), fontsize=8, color=colour)  # fmt: skip
+        ref = chapter.CHAIN.get(name)
+        if ref is not None and chapter.same_params(result["params"], chapter.CHAIN_PARAMS):
+            for hop, value in (("A", ref.a_answered_ms), ("B", ref.b_gave_up_ms),
+                               ("C", ref.c_ended_ms)):  # fmt: skip
+                # Just under the lane, so it never hides the measured mark or its label.
+                y = row + _LANES[hop] - 0.12
+                ax.scatter([value], [y], s=40, facecolor="none", edgecolor="grey", zorder=2)
+                ax.annotate(f"{value:,.0f}", (value, y), textcoords="offset points",
+                            xytext=(7, -3), fontsize=7, color="grey")  # fmt: skip
+        if name == "propagated":
+            reserves = 3 * result["params"]["reserve"] * 1000.0
+            ax.vlines(user_wait - reserves, row - 0.45, row + 0.45, color="tab:green",
+                      linestyle="--", linewidth=1,
+                      label=f"C's own deadline: the user's wait less 3 reserves of"
+                            f" {reserves / 3:g} ms")  # fmt: skip
+    ax.scatter([], [], s=60, facecolor="none", edgecolor="grey", label="the chapter (Node)")
     ax.axvline(user_wait, color="grey", linestyle=":", label="the user gives up")
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels(names)
-    ax.set_ylim(-0.5, len(names) - 0.1)
-    ax.margins(x=0.18)  # room for the labels right of the last mark
+    ticks = [row + offset for row in range(len(names)) for offset in _LANES.values()]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{_LABELS.get(n, n)}: {hop}" for n in names for hop in _LANES],
+                       fontsize=8)  # fmt: skip
+    ax.set_ylim(-0.6, len(names) - 0.4)
+    ax.margins(x=0.2)  # room for the labels right of the last mark
     ax.set_xlabel("ms since the user's request")
     ax.set_title("chain: who is still working after the user left?")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
     return report.save_figure(fig, path)

@@ -12,6 +12,7 @@ the client still holds a TCP socket to that server 200 ms after its call returne
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,8 @@ class Setup:
     own_process: bool = False
     #: Why its limit fires late, when that is the point of the case.
     late_because: str = ""
+    #: Its limit on the whole call, if it has one: the only kind that ends a trickle.
+    total: float | None = None
 
 
 def setups(limit: float) -> list[Setup]:
@@ -106,16 +109,16 @@ def setups(limit: float) -> list[Setup]:
               f"Timeout({lim}), pool in use", f"{s}/phase", (limit,), servers=("silent",),
               late_because="the pool wait and the read timeout add up"),
         Setup("httpx", "wait_for", f"asyncio.wait_for(get(url), {lim}), timeout=None",
-              f"wait_for(httpx get, {lim})", f"{s} total", (limit,)),
+              f"wait_for(httpx get, {lim})", f"{s} total", (limit,), total=limit),
         Setup("httpx", "fail_after", f"with anyio.fail_after({lim}): get(url), timeout=None",
-              f"anyio.fail_after({lim}), httpx", f"{s} total", (limit,)),
+              f"anyio.fail_after({lim}), httpx", f"{s} total", (limit,), total=limit),
         Setup("aiohttp", "no options", "ClientSession().get(url)", "aiohttp, no options",
-              "300 s total", (30.0, 300.0)),
+              "300 s total", (30.0, 300.0), total=300.0),
         Setup("aiohttp", "timeout", f"ClientTimeout(total={aio:g})",
-              f"ClientTimeout(total={aio:g})", f"{aio:g} s total", (aio,)),
+              f"ClientTimeout(total={aio:g})", f"{aio:g} s total", (aio,), total=aio),
         Setup("aiohttp", "total_rounded", f"ClientTimeout(total={ROUNDED_TOTAL:g})",
               f"ClientTimeout(total={ROUNDED_TOTAL:g})", f"{ROUNDED_TOTAL:g} s total",
-              (ROUNDED_TOTAL,),
+              (ROUNDED_TOTAL,), total=ROUNDED_TOTAL,
               late_because="aiohttp rounds a deadline of 5 s or more up to a whole second"),
         Setup("aiohttp", "sock_read", f"ClientTimeout(sock_read={lim})",
               f"ClientTimeout(sock_read={lim})", f"{s}/read", (limit,)),
@@ -135,9 +138,9 @@ def setups(limit: float) -> list[Setup]:
         Setup("urllib", "timeout", f"urlopen(url, timeout={lim})", f"urlopen(timeout={lim})",
               f"{s}/read", (limit,)),
         Setup("deadlines", "no options", 'deadlines.httpx.AsyncClient(Dependency("lab"))',
-              "deadlines.httpx, defaults", "2/10/30 s", (2.0, 10.0, 30.0)),
+              "deadlines.httpx, defaults", "2/10/30 s", (2.0, 10.0, 30.0), total=30.0),
         Setup("deadlines", "scope", f"the same, in deadlines.scope({lim})",
-              f"deadlines.scope({lim})", f"{s} total", (limit,)),
+              f"deadlines.scope({lim})", f"{s} total", (limit,), total=limit),
     ]  # fmt: skip
 
 
@@ -246,9 +249,14 @@ def mark(seconds: float, limits: tuple[float, ...]) -> str:
     return "on time" if late <= ON_TIME else f"+{late:.2f} s"
 
 
-def _waiting_mark(limits: tuple[float, ...], cap: float) -> str:
-    """A call still waiting at the cap: ``never`` unless every limit is longer than the cap."""
-    return "> cap" if limits and min(limits) > cap else "never"
+def _waiting_mark(setup: Setup | None, cap: float) -> str:
+    """A call still waiting at the cap: ``> cap`` if its whole-call limit (or every limit
+    it has) is longer, else ``never`` (its limits do not fire on this server, or it has
+    none)."""
+    if setup is None or not setup.limits:
+        return "never"
+    beyond = min(setup.limits) > cap or (setup.total is not None and setup.total > cap)
+    return "> cap" if beyond else "never"
 
 
 def cell(row: dict[str, Any], setup: Setup | None, cap: float) -> str:
@@ -257,7 +265,7 @@ def cell(row: dict[str, Any], setup: Setup | None, cap: float) -> str:
     outcome = row["outcome"]
     seconds = row["elapsed_ms"] / 1000.0
     if outcome == STILL_WAITING:
-        text = _waiting_mark(limits, seconds)
+        text = _waiting_mark(setup, seconds)
     elif outcome == WORKER_RUNS:
         text = "runs on"
     elif outcome == NO_EXIT:
@@ -328,10 +336,11 @@ def tables(result: dict[str, Any]) -> list[report.Table]:
         table.rows.append([label, limits, *_chapter_cells(found)])
     table.note = (
         f"on time: it ended within {ON_TIME * 1000:.0f} ms of a configured limit; +x s: that"
-        f" much later; never: still waiting at the {cap:g} s cap although a limit was set"
-        " (or none was); > cap: its limit is longer than the cap; runs on: the waiter gave up,"
-        " the worker and its socket did not; no exit: the waiter gave up, the process could"
-        " not exit; *: the client still held its socket 200 ms later. "
+        f" much later; never: still waiting at the {cap:g} s cap, its limits not firing (or"
+        " none set); > cap: its whole-call limit, or every limit it has, is longer than the"
+        " cap; runs on: the waiter"
+        " gave up, the worker and its socket did not; no exit: the waiter gave up, the process"
+        " could not exit; *: the client still held its socket 200 ms later. "
         + _kernel_note(result)
         + "The errors and times are in report.md."
     )
@@ -404,7 +413,7 @@ def _verdict(result: dict[str, Any], known: dict[str, Setup]) -> str:
     totals = [
         r for r in result["rows"]
         if r["server"] == "trickle" and r["setup"] in known
-        and known[r["setup"]].key in ("wait_for", "fail_after", "scope")
+        and (known[r["setup"]].total or math.inf) <= cap
     ]  # fmt: skip
     never = all(r["outcome"] == STILL_WAITING for r in per_read)
     ended = all(r["outcome"] == "error" and r["elapsed_ms"] < cap * 1000 for r in totals)
@@ -429,7 +438,8 @@ def _verdict(result: dict[str, Any], known: dict[str, Setup]) -> str:
     shape = (
         "as with undici's bodyTimeout, every per-read limit"
         f" ({len(per_read)} cases) {'never' if never else 'did not always'} fired on the trickle,"
-        f" and every whole-call limit ({len(totals)} cases) {'ended' if ended else 'did not end'}"
+        f" and every whole-call limit within the cap ({len(totals)} cases)"
+        f" {'ended' if ended else 'did not end'}"
         " it, as AbortSignal.timeout did. "
     )
     on_time = fired - sum(len(v) for v in late.values())
@@ -442,31 +452,73 @@ def _verdict(result: dict[str, Any], known: dict[str, Setup]) -> str:
     return chapter.verdict(never and ended, shape + timing)
 
 
-def _colour(row: dict[str, Any]) -> str:
-    if row["outcome"] == STILL_WAITING:
-        return "#c0392b"
-    return "#e67e22" if row["connection_closed"] is False else "#27ae60"
+#: The colours of the plot, by what the compact table's mark says.
+_KINDS = (
+    ("on time", "#27ae60", "ended by its limit, on time"),
+    ("late", "#f1c40f", "ended by its limit, late"),
+    ("early", "#3498db", "ended before any limit (an error or an answer)"),
+    ("left", "#e67e22", "the waiter gave up; worker, socket or process lives on"),
+    ("never", "#c0392b", "still waiting at the cap: its limit never fired, or it had none"),
+    ("beyond", "#e6b0aa", "still waiting at the cap, which is shorter than its limit"),
+)
+
+
+def _kind(row: dict[str, Any], setup: Setup | None, cap: float) -> str:
+    text = cell(row, setup, cap)
+    if text in ("runs on*", "no exit*", "runs on", "no exit") or text.endswith("*"):
+        return "left"
+    if text == "> cap":
+        return "beyond"
+    if text == "on time":
+        return "on time"
+    if text.startswith("+"):
+        return "late"
+    return "never" if text == "never" else "early"
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
-    """Time to give up per case, as horizontal bars; cases at the cap are hatched."""
+    """Per server, how long each call waited: a bar per setup, coloured by what ended it,
+    with the limits the setup configures marked, and the cap."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
     plt = report.pyplot()
-    rows = result["rows"]
-    cap = result["params"]["cap"]
-    fig, axes = plt.subplots(1, len(SERVERS), figsize=(16, 0.3 * len(rows) / len(SERVERS) + 2),
-                             sharey=True)  # fmt: skip
-    labels: list[str] = []
+    params = result["params"]
+    known = _setups_of(result)
+    grid = _grid(result)
+    setups_shown = list(grid)
+    colours = {kind: colour for kind, colour, _ in _KINDS}
+    used: set[str] = set()
+    fig, axes = plt.subplots(1, len(SERVERS), figsize=(17, 0.34 * len(setups_shown) + 2.4),
+                             sharey=True, layout="constrained")  # fmt: skip
     for ax, server in zip(axes, SERVERS, strict=True):
-        mine = [r for r in rows if r["server"] == server]
-        labels = [f"{r['client']}: {r['setup']}"[:60] for r in mine]
-        values = [r["elapsed_ms"] / 1000.0 for r in mine]
-        colors = [_colour(r) for r in mine]
-        ax.barh(range(len(mine)), values, color=colors)
+        cap = params.get("long_cap", params["cap"]) if server == "blackhole" else params["cap"]
+        for y, words in enumerate(setups_shown):
+            row = grid[words].get(server)
+            setup = known.get(words)
+            if row is None:
+                continue
+            kind = _kind(row, setup, cap)
+            used.add(kind)
+            ax.barh(y, row["elapsed_ms"] / 1000.0, height=0.7, color=colours[kind])
+            for limit in setup.limits if setup else ():
+                if limit <= cap:
+                    ax.plot([limit], [y], marker="|", markersize=11, markeredgewidth=2,
+                            color="black")  # fmt: skip
         ax.axvline(cap, color="grey", linestyle=":")
+        ax.text(cap * 0.98, -0.9, f"cap {cap:g} s", ha="right", va="bottom", fontsize=7,
+                color="grey")  # fmt: skip
+        ax.set_xlim(0, cap * 1.04)
         ax.set_title(server)
-        ax.set_xlabel("seconds")
-        ax.invert_yaxis()
-    axes[0].set_yticks(range(len(labels)))
-    axes[0].set_yticklabels(labels, fontsize=7)
-    fig.suptitle("defaults: red = still waiting at the cap, orange = socket left open")
+        ax.set_xlabel("seconds until the call returned")
+    axes[0].set_yticks(range(len(setups_shown)))
+    axes[0].set_yticklabels(
+        [known[w].short if w in known else w[:30] for w in setups_shown], fontsize=8
+    )
+    axes[0].set_ylim(len(setups_shown) - 0.5, -1.2)
+    handles: list[Any] = [Patch(color=c, label=text) for k, c, text in _KINDS if k in used]
+    handles.append(Line2D([], [], marker="|", markersize=11, markeredgewidth=2, color="black",
+                          linestyle="none", label="a limit the setup configures"))  # fmt: skip
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=8)
+    fig.suptitle("defaults: how long each call waited, against the limits it was given")
     return report.save_figure(fig, path)

@@ -97,10 +97,11 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:
-    """Save and close a matplotlib figure as PNG."""
+    """Save and close a matplotlib figure as PNG (laid out tight unless it is constrained)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if not fig.get_constrained_layout():
+        fig.tight_layout()
     fig.savefig(target, dpi=110)
     pyplot().close(fig)
     return target

@@ -343,11 +343,14 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         top.set_title(name)
         top.set_ylabel("latency, ms")
         top.axvline(slow_at, color="grey", linestyle=":")
-        top.legend(fontsize=8)
+        top.legend(fontsize=8, loc="center right")
         for i, series in enumerate(v["queue_series"]):
             label = f"backend {i}" + (" (slow)" if i == result["slow_server"] else "")
             bottom.plot([pt[0] for pt in series], [pt[1] for pt in series], label=label)
         bottom.axvline(slow_at, color="grey", linestyle=":")
+        bottom.annotate(f"backend {result['slow_server']} slows down", (slow_at, 1.0),
+                        xycoords=("data", "axes fraction"), xytext=(3, -12),
+                        textcoords="offset points", fontsize=7, color="grey")  # fmt: skip
         bottom.set_xlabel("seconds")
         bottom.set_ylabel("queue (waiting + in service)")
         bottom.legend(fontsize=8)
