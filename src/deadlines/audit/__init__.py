@@ -4,12 +4,12 @@
     for f in findings:
         print(f)                      # path:line:col DLN101 message
 
-Each rule (`RULES`, codes ``DLN101``-``DLN108``) is a wait from the reference
+Each rule (`RULES`, codes ``DLN101``-``DLN109``) is a wait from the reference
 chapter's checklist: HTTP without a timeout, a read timeout mistaken for a total on a
 streamed body, thread futures and ``asyncio.wait`` that leave work running, database
-pools without acquire or statement limits, sockets without timeouts. From the command
-line: ``deadlines audit PATH...``; in flake8 through the ``DLN`` plugin; in
-pre-commit as the ``deadlines-audit`` hook. `docs/audit.md` documents every rule.
+pools without acquire or statement limits, sockets without timeouts, httpx clients
+with per-phase limits only. From the command line: ``deadlines audit PATH...``; in
+flake8 through the ``DLN`` plugin; in pre-commit as the ``deadlines-audit`` hook. `docs/audit.md` documents every rule.
 """
 
 from __future__ import annotations

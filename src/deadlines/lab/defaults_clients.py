@@ -104,12 +104,15 @@ def _prepare_httpx(case: dict[str, Any]) -> tuple[Call, Call]:
     import httpx
 
     key, url, limit = case["key"], case["url"], case["limit"]
-    if key == "no options":
-        hc = httpx.AsyncClient()  # httpx's default: Timeout(5.0), each read its own 5 s
+    # The cases show what per-phase limits do: DLN109's findings, on purpose.
+    if key == "no options":  # httpx's default: Timeout(5.0), each read its own 5 s
+        hc = httpx.AsyncClient()  # deadlines: ignore[DLN109]
     elif key == "timeout":
-        hc = httpx.AsyncClient(timeout=httpx.Timeout(limit))
+        hc = httpx.AsyncClient(timeout=httpx.Timeout(limit))  # deadlines: ignore[DLN109]
     elif key == "pool":
-        hc = httpx.AsyncClient(timeout=httpx.Timeout(limit), limits=httpx.Limits(max_connections=1))
+        hc = httpx.AsyncClient(  # deadlines: ignore[DLN109]
+            timeout=httpx.Timeout(limit), limits=httpx.Limits(max_connections=1)
+        )
     else:  # the limit is around the call (wait_for, fail_after)
         hc = httpx.AsyncClient(timeout=None)  # deadlines: ignore[DLN101]
 
