@@ -9,7 +9,8 @@ chapter's checklist: HTTP without a timeout, a read timeout mistaken for a total
 streamed body, thread futures and ``asyncio.wait`` that leave work running, database
 pools without acquire or statement limits, sockets without timeouts, httpx clients
 with per-phase limits only. From the command line: ``deadlines audit PATH...``; in
-flake8 through the ``DLN`` plugin; in pre-commit as the ``deadlines-audit`` hook. `docs/audit.md` documents every rule.
+flake8 through the ``DLN`` plugin; in pre-commit as the ``deadlines-audit`` hook.
+`docs/audit.md` documents every rule.
 """
 
 from __future__ import annotations
