@@ -2,17 +2,21 @@
 
 Each subcommand lives in its own module and registers itself in `_COMMANDS`; the
 module is imported only when its subcommand runs, so `deadlines --help` stays fast
-and needs no optional dependency.
+and needs no optional dependency. Every subcommand follows one set of rules for exit
+codes and errors (`deadlines._cli`, docs/cli.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
-from . import __version__
+from . import __version__, _cli
 
 #: subcommand -> (module with `add_arguments(parser)` and `run(args) -> int`, help)
 _COMMANDS: dict[str, tuple[str, str]] = {
@@ -24,9 +28,17 @@ _COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its usage errors in one line (the rules of docs/cli.md)."""
+
+    def error(self, message: str) -> NoReturn:
+        """Print ``PROG: MESSAGE (see PROG --help)`` on stderr and exit 2."""
+        self.exit(_cli.USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every registered subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="deadlines",
         description="One time budget for every hop: lab, simulator, planner and audit.",
     )
@@ -46,7 +58,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(_COMMANDS[args.command][0])
-    result: int = module.run(args)
+    try:
+        result: int = module.run(args)
+    except _cli.UsageError as exc:
+        print(f"deadlines {args.command}: {exc}", file=sys.stderr)
+        return _cli.USAGE
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, as a process killed by SIGPIPE.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return _cli.PIPE_CLOSED
+    except Exception:
+        # A crash must not look like a finding (exit 1) or like bad input (exit 2).
+        traceback.print_exc()
+        print(
+            f"deadlines {args.command}: internal error (a bug in deadlines {__version__}):"
+            " please report it with the traceback above",
+            file=sys.stderr,
+        )
+        return _cli.BUG
     return result
 
 

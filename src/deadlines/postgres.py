@@ -23,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -581,10 +582,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("dsn", help="libpq connection string or URI, e.g. postgresql://app@db/app")
     parser.add_argument(
         "--connect-timeout",
-        type=float,
+        type=_connect_timeout,
         default=5.0,
         help="seconds to wait for the connection (default 5)",
     )
+
+
+def _connect_timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds up to 3600, got {text!r}"
+        )
+    return value
 
 
 def run(args: argparse.Namespace) -> int:
@@ -592,14 +605,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         import psycopg
     except ImportError:  # pragma: no cover - depends on the install
-        print(missing("deadlines pg-audit", "psycopg", "psycopg"))
+        print(missing("deadlines pg-audit", "psycopg", "psycopg"), file=sys.stderr)
         return 2
     timeout = max(1, math.ceil(args.connect_timeout))
     try:
         with psycopg.connect(args.dsn, connect_timeout=timeout, autocommit=True) as conn:
             result = audit(conn)
     except psycopg.Error as exc:
-        print(f"cannot audit: {exc}".strip())
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        print(f"deadlines pg-audit: cannot audit: {lines[0]}", file=sys.stderr)
         return 2
     for finding in result:
         print(finding)

@@ -113,7 +113,7 @@ CASES = {
         "from deadlines.__main__ import main\n"
         f"sys.exit(main(['sim', {str(ROOT / 'examples/sim/chain.toml')!r}, '--duration', '1s',"
         " '--quiet', '--plot', '/nonexistent/never-written.png']))",
-        "deadlines sim --plot",
+        "deadlines sim: --plot",
         "matplotlib",
         "sim",
     ),

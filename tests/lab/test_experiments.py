@@ -69,6 +69,47 @@ def test_requests_timeout_never_stops_a_trickle_but_a_deadline_does(quick_all: Q
     assert lib["connection_closed"] is True
 
 
+def _by_key(result: dict, key: str, server: str) -> dict:
+    words = {s.key: s.words for s in defaults.setups(result["params"]["limit"])}
+    return next(r for r in result["rows"] if r["setup"] == words[key] and r["server"] == server)
+
+
+def test_the_rows_the_chapter_lacked(quick_all: QuickAll) -> None:
+    """aiohttp's sock_read never stops a trickle; a pool wait and a read limit add up;
+    anyio.fail_after stops httpx at its limit; a thread under wait_for keeps the process
+    from exiting."""
+    result = quick_all.data["defaults"]
+    limit_ms = result["params"]["limit"] * 1000.0
+    assert _by_key(result, "sock_read", "trickle")["outcome"] == defaults.STILL_WAITING
+    assert _by_key(result, "sock_read", "silent")["outcome"] == "error"
+    pooled = _by_key(result, "pool", "silent")
+    assert pooled["outcome"] == "error" and pooled["error"].startswith("httpx.ReadTimeout")
+    assert pooled["elapsed_ms"] >= limit_ms * 1.5  # 3/4 of a limit in the pool, then a limit
+    for server in defaults.SERVERS:
+        anyio_row = _by_key(result, "fail_after", server)
+        assert anyio_row["outcome"] == "error", server
+        assert limit_ms - 10 <= anyio_row["elapsed_ms"] <= limit_ms + 1500, server
+    for key in ("to_thread", "run_in_executor"):
+        stuck = _by_key(result, key, "silent")
+        assert stuck["outcome"] == defaults.NO_EXIT, key
+        assert limit_ms - 10 <= stuck["elapsed_ms"] <= limit_ms + 1500, key
+
+
+def test_every_table_sets_the_chapter_beside_the_measurement(quick_all: QuickAll) -> None:
+    """Each table printed has the chapter's rows and a verdict, and fits 100 columns."""
+    out = quick_all.run.stdout
+    tables = [block for block in out.split("\n\n") if block.strip() and "Chapter: " in block]
+    assert len(tables) == 4
+    for block in tables:
+        assert max(len(line) for line in block.splitlines()) <= 100, block
+        verdict = block[block.index("Chapter: ") + 9 :]
+        assert verdict.startswith(("agrees: ", "differs: "))
+        assert "chapter" in block.split("Chapter: ")[0].lower()
+    report = quick_all.report.read_text()
+    assert report.count("**Chapter:** ") == 4
+    assert "defaults, in detail" in report
+
+
 def test_executor_timeout_stops_the_waiter_not_the_worker(quick_all: QuickAll) -> None:
     """result(timeout=...) returns at the limit while the request and its socket live on."""
     result = quick_all.data["defaults"]

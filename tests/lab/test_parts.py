@@ -169,9 +169,15 @@ def test_defaults_alone_writes_rows_json_and_png(tmp_path) -> None:
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     rows = json.loads(out.read_text())
-    assert isinstance(rows, list) and len(rows) == 60
+    from deadlines.lab import defaults
+
+    assert isinstance(rows, list) and len(rows) == sum(len(s.servers) for s in defaults.setups(0.5))
     assert png.read_bytes()[:4] == b"\x89PNG"
-    assert "> 1.5 s, waiting" in run.stdout
+    table = run.stdout.split("\n\n")[0].splitlines()
+    assert max(len(line) for line in table) <= 100
+    rows = table[3 : table.index("the chapter (Node 22):")]
+    [requests_row] = [line for line in rows if line.startswith("requests timeout=0.5")]
+    assert "on time" in requests_row and "never" in requests_row  # silent; trickle
     assert processes_with(run.token) == []
 
 
@@ -258,3 +264,46 @@ def test_flags_reach_the_experiment_they_belong_to() -> None:
     quick = build_parser().parse_args(["lab", "slow-server", "--quick", "--rate", "40"])
     params = cli.params_for("slow-server", quick)
     assert params.rate == 40 and params.run_for == 3.0
+
+
+def test_marks_set_each_outcome_beside_its_limit() -> None:
+    """on time within 50 ms of the limit it passed, +late otherwise, its time before any."""
+    from deadlines.lab.defaults import STILL_WAITING, Setup, cell, mark
+
+    assert mark(2.02, (2.0,)) == "on time"
+    assert mark(2.53, (2.0,)) == "+0.53 s"
+    assert mark(10.02, (2.0, 10.0, 30.0)) == "on time"
+    assert mark(3.51, (2.0,)) == "+1.51 s"
+    assert mark(0.40, (2.0,)) == "0.40 s"
+    setup = Setup("x", "k", "w", "w", "2 s/read", (2.0,))
+    waiting = {"outcome": STILL_WAITING, "elapsed_ms": 15000.0, "connection_closed": False}
+    assert cell(waiting, setup, 15.0) == "never"
+    long = Setup("x", "k", "w", "w", "2/10/30 s", (2.0, 10.0, 30.0), total=30.0)
+    assert cell(waiting, long, 15.0) == "> cap"  # its total would end it, after the cap
+    left_open = {"outcome": "error", "elapsed_ms": 2010.0, "connection_closed": False}
+    assert cell(left_open, setup, 15.0) == "on time*"
+
+
+def test_chain_verdict_explains_the_propagated_difference() -> None:
+    """The chapter's fixed figures agree; the propagated chain's earlier stop is explained."""
+    from deadlines.lab import chain
+
+    params = {"user_wait": 2.0, "a_work": 0.2, "b_work": 0.3, "c_work": 3.0, "ab_timeout": 1.8,
+              "bc_timeout": 2.0, "reserve": 0.05}  # fmt: skip
+    fixed = {"a_answered_ms": 2006.0, "a_status": 504, "b_gave_up_ms": 2509.0,
+             "c_budget_ms": None, "c_stopped_ms": None, "c_finished_ms": 3518.0,
+             "c_committed": True, "c_stop_reason": None}  # fmt: skip
+    propagated = {"a_answered_ms": 1858.0, "a_status": 504, "b_gave_up_ms": 1856.0,
+                  "c_budget_ms": 1395, "c_stopped_ms": 1853.0, "c_finished_ms": None,
+                  "c_committed": False, "c_stop_reason": "deadline"}  # fmt: skip
+    text = chain.verdict({"params": params, "variants": {"fixed": fixed}})
+    assert text.startswith("agrees: fixed: 2,006 / 2,509 / 3,518 ms") and "within 8 ms" in text
+    text = chain.verdict({"params": params, "variants": {"propagated": propagated}})
+    assert text.startswith("differs: propagated: the same shape")
+    assert "113 ms earlier" in text and "C is told 1,395 ms" in text
+    assert "is 1,850 ms" in text  # 2,000 ms less three 50 ms reserves
+    table = chain.tables({"params": params, "variants": {"fixed": fixed, "propagated": propagated}})
+    rows = [row[0].strip() for row in table[0].rows]
+    assert rows == ["fixed timeouts", "the chapter (Node)", "propagated (deadlines)",
+                    "the chapter (Node)"]  # fmt: skip
+    assert max(len(line) for line in table[0].text().splitlines()) <= 100

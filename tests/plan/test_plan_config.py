@@ -49,7 +49,7 @@ def test_bad_duration_names_line_and_expectation() -> None:
     error = _error(MINIMAL.replace('p99 = "180ms"', 'p99 = "fast"'))
     assert error.line == 7
     assert error.where == "route.calls[0].latency.p99"
-    assert 'expected a duration like "40ms"' in str(error)
+    assert 'expected a duration with a unit (us, ms, s, m or min), like "40ms"' in str(error)
     assert str(error).startswith("p.toml:7: route.calls[0].latency.p99: ")
 
 
@@ -143,3 +143,39 @@ def test_quoted_p99_9_key_and_its_line() -> None:
     error = _error(multiline)
     assert error.where == "route.calls[0].latency.p99.9"
     assert error.line == 10
+
+
+def test_a_bare_number_too_large_for_seconds_is_kept_with_a_warning() -> None:
+    """`deadline = 2000` is 2,000 s, as written, with a located warning; units silence it."""
+    route = parse(MINIMAL.replace('"2s"', "2000"), file="p.toml")
+    assert route.deadline == 2000.0
+    assert route.warnings == (
+        'p.toml:3: route.deadline: warning: 2000 is read as 2,000 s; write "2000ms" if you'
+        ' meant milliseconds, or "2000s" to keep it',
+    )
+    assert parse(MINIMAL.replace('"2s"', '"2000s"')).warnings == ()
+    assert parse(MINIMAL.replace('"2s"', "60")).warnings == ()
+    assert parse(MINIMAL).warnings == ()
+
+
+def test_durations_past_a_year_are_refused_not_overflowed() -> None:
+    """1e306 s is refused with its key named, before any arithmetic can overflow on it."""
+    error = _error(MINIMAL.replace('"2s"', "1e306"))
+    assert error.where == "route.deadline"
+    assert "at most a year" in str(error)
+    error = _error(MINIMAL.replace('p99 = "180ms", p999 = "310ms"', "p99 = 1e300"))
+    assert error.where == "route.calls[0].latency.p99"
+
+
+def test_files_that_are_not_utf8_are_refused_by_name(tmp_path: Path) -> None:
+    """A binary plan or sample file is a PlanError naming the file and the byte."""
+    plan = tmp_path / "p.toml"
+    plan.write_bytes(b"\xfc\x80binary")
+    with pytest.raises(PlanError, match=r"expected UTF-8 text, got byte 0xfc at offset 0"):
+        load(plan)
+    (tmp_path / "s.csv").write_bytes(b"latency_ms\n\xff\n")
+    plan.write_text(
+        MINIMAL.replace('{ p50 = "40ms", p99 = "180ms", p999 = "310ms" }', '{ csv = "s.csv" }')
+    )
+    with pytest.raises(PlanError, match=r"s\.csv: cannot read the samples: expected UTF-8"):
+        load(plan)

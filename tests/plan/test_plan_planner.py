@@ -170,3 +170,25 @@ def test_cli_exit_codes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> N
     assert f"{bad}:3: route.deadline: expected a duration" in err
     assert main(["plan", str(EXAMPLES / "fanout.toml"), "--format", "code"]) == 0
     assert capsys.readouterr().out.startswith("# Planned by")
+
+
+def test_a_proposed_connect_under_the_first_syn_retransmit_is_explained() -> None:
+    """A proposed connect under 1 s is marked in the table, explained in the code, and
+    warned about with what covers a lost SYN; one of 1 s or more is not."""
+    result = plan(load(EXAMPLES / "checkout.toml"))
+    warnings = {
+        f.message.split(":", 1)[0]: f.message
+        for f in result.findings
+        if f.rule == "connect-syn" and f.severity == "warning"
+    }
+    assert set(warnings) == {"pricing", "recs", "orders-db"}
+    assert warnings["pricing"].endswith("3 attempts fit, so a retry reconnects")
+    assert warnings["recs"].endswith("the fallback covers it")
+    assert "500 ms!" in table(result)
+    assert "connect=0.5,  # under the 1 s SYN retransmit" in code(result)
+    roomy = plan(parse(ROUTE.format(deadline="10s") + _call("slow", q='p50 = "1s", p99 = "2s"')))
+    assert roomy.call("slow").connect == pytest.approx(1.5)
+    assert not [f for f in roomy.findings if f.rule == "connect-syn"]
+    alone = plan(parse(ROUTE.format(deadline="600ms") + _call("only")))
+    [only] = [f for f in alone.findings if f.rule == "connect-syn"]
+    assert only.message.endswith("no retry fits: a longer deadline, or a retry, would cover it")

@@ -251,3 +251,39 @@ def test_shed_short_drops_work_the_budget_cannot_cover() -> None:
     # Starts at 0, ~100 and ~200 ms; the third would have ~52 ms left for 100 ms of work.
     assert (server.served, server.dropped, server.wasted) == (2, 1, 0)
     assert v.services["s"].routes["r"].causes == {"shed": 1}
+
+
+def test_progress_reports_the_run_without_changing_it() -> None:
+    """With a progress callback the figures are the same; `done` rises to 1 over variants."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "examples/sim/cascade.toml"
+    seen: list[tuple[str, float]] = []
+    watched = run_scenario(path, duration=2.0, progress=lambda v, done: seen.append((v, done)))
+    plain = run_scenario(path, duration=2.0)
+    figures = [watched.to_dict(), plain.to_dict()]
+    for data in figures:
+        for variant in data["variants"].values():
+            variant.pop("wall_s")
+    assert figures[0] == figures[1]
+    dones = [done for _, done in seen]
+    assert dones == sorted(dones) and dones[-1] == pytest.approx(1.0)
+    assert [v for v, _ in seen][:: len(seen) // len(plain.variants)] == list(plain.variants)
+
+
+def test_a_run_estimated_over_the_limit_is_refused_before_it_starts() -> None:
+    """`max_seconds` refuses a run of 10 M requests/s for an hour at once, saying how long."""
+    import time
+
+    from deadlines.sim.run import RunTooLong
+
+    scenario = {
+        "duration": "60m",
+        "services": {"s": {"routes": {"r": {"work": "1ms"}}}},
+        "load": [{"to": "s/r", "rate": 1e7}],
+    }
+    started = time.monotonic()
+    with pytest.raises(RunTooLong, match=r"about 3\.6e\+10 requests, about 10 days") as info:
+        run_scenario(scenario, max_seconds=3600)
+    assert time.monotonic() - started < 1.0
+    assert info.value.requests == pytest.approx(3.6e10)

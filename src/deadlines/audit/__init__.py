@@ -4,18 +4,20 @@
     for f in findings:
         print(f)                      # path:line:col DLN101 message
 
-Each rule (`RULES`, codes ``DLN101``-``DLN108``) is a wait from the reference
+Each rule (`RULES`, codes ``DLN101``-``DLN109``) is a wait from the reference
 chapter's checklist: HTTP without a timeout, a read timeout mistaken for a total on a
 streamed body, thread futures and ``asyncio.wait`` that leave work running, database
-pools without acquire or statement limits, sockets without timeouts. From the command
-line: ``deadlines audit PATH...``; in flake8 through the ``DLN`` plugin; in
-pre-commit as the ``deadlines-audit`` hook. `docs/audit.md` documents every rule.
+pools without acquire or statement limits, sockets without timeouts, httpx clients
+with per-phase limits only. From the command line: ``deadlines audit PATH...``; in
+flake8 through the ``DLN`` plugin; in pre-commit as the ``deadlines-audit`` hook.
+`docs/audit.md` documents every rule.
 """
 
 from __future__ import annotations
 
 import ast
 import fnmatch
+import importlib.util
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -120,10 +122,18 @@ def _filter(
 def audit_file(
     path: str | Path, *, select: Iterable[str] | None = None, ignore: Iterable[str] = ()
 ) -> list[Finding]:
-    """Findings in one file; raises `AuditError` if it cannot be read or parsed."""
+    """Findings in one file; raises `AuditError` if it cannot be read or parsed.
+
+    The file is decoded as Python does: UTF-8, or the encoding its first lines declare
+    (PEP 263, ``# -*- coding: latin-1 -*-``).
+    """
     try:
-        source = Path(path).read_bytes().decode("utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise AuditError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        source = importlib.util.decode_source(data)
+    except (SyntaxError, UnicodeDecodeError) as exc:
         raise AuditError(f"{path}: cannot read: {exc}") from exc
     return audit_source(source, str(path), select=select, ignore=ignore)
 

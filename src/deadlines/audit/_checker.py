@@ -64,6 +64,12 @@ _SYNC_CANCELLING_SCOPES = {
     name for name in _CANCELLING_SCOPES if name.startswith(("anyio.", "trio."))
 }
 _THREAD_WORK = {"asyncio.to_thread", "anyio.to_thread.run_sync", "trio.to_thread.run_sync"}
+#: httpx limits each phase (connect, each read, each write, the pool), never a whole call.
+_HTTPX_FUNCTIONS = {f"httpx.{verb}" for verb in (*_VERBS, "stream")}
+_HTTPX_CLIENTS = {"httpx.Client", "httpx.AsyncClient"}
+_HTTPX_CALLS = (*_VERBS, "stream", "send")
+#: Transports that never touch the network: a client on one of them waits for nothing.
+_OFFLINE_TRANSPORTS = {"httpx.MockTransport", "httpx.ASGITransport", "httpx.WSGITransport"}
 _GUARDS = {"deadlines.check", "deadlines.remaining", "time.monotonic", "time.perf_counter"}
 
 
@@ -133,6 +139,7 @@ class Checker:
             self._cannot_cancel,
             self._pools,
             self._sockets,
+            self._per_read_only,
         )
 
     def run(self) -> list[Raw]:
@@ -223,6 +230,71 @@ class Checker:
                 "DLN101",
                 f"httpx.Timeout with no {'/'.join(disabled)} limit: that phase can wait forever",
             )
+
+    # DLN109: per-phase limits only, nothing on the whole call.
+
+    def _per_read_only(self, call: ast.Call, name: str) -> None:
+        if name not in _HTTPX_FUNCTIONS and name not in _HTTPX_CLIENTS:
+            return
+        timeout = _argument(call, "timeout", None)
+        if _is_none(timeout) or self._timeout_disabled(timeout):
+            return  # DLN101 says it: no limit at all
+        if name in _HTTPX_CLIENTS and (
+            self._offline(call) or self._unused(call) or self._calls_bounded(name)
+        ):
+            return
+        if timeout is not None:
+            limits = "the timeout given"
+        elif _has_kwargs(call):
+            limits = "the timeout it is passed, if any"
+        else:
+            limits = "httpx's default: 5 s each"
+        self._report(
+            call,
+            "DLN109",
+            f"{name}() limits each phase ({limits}), never the whole call: each read restarts"
+            " the clock, so a server that trickles bytes holds it forever; bound the call"
+            " (asyncio.timeout, anyio.fail_after) or use deadlines.httpx, which has a total",
+        )
+
+    def _timeout_disabled(self, timeout: ast.expr | None) -> bool:
+        """`httpx.Timeout(None)`: DLN101's finding (no limit), not this one."""
+        return (
+            isinstance(timeout, ast.Call)
+            and self.names.qualname(timeout.func) == "httpx.Timeout"
+            and _is_none(_argument(timeout, "timeout", 0))
+        )
+
+    def _offline(self, call: ast.Call) -> bool:
+        transport = _argument(call, "transport", None)
+        if isinstance(transport, ast.Call):
+            return self.names.qualname(transport.func) in _OFFLINE_TRANSPORTS
+        return _keyword(call, "app") is not None
+
+    def _unused(self, call: ast.Call) -> bool:
+        """`with httpx.Client() as client:` whose body never uses `client`: no request."""
+        item = self.names.parents.get(call)
+        block = self.names.parents.get(item) if isinstance(item, ast.withitem) else None
+        if not isinstance(item, ast.withitem) or not isinstance(block, ast.With | ast.AsyncWith):
+            return False
+        target = item.optional_vars
+        if not isinstance(target, ast.Name):
+            return False
+        return not any(
+            isinstance(node, ast.Name) and node.id == target.id
+            for statement in block.body
+            for node in ast.walk(statement)
+        )
+
+    def _calls_bounded(self, client: str) -> bool:
+        """Every request this module makes with such a client is awaited under a scope."""
+        calls = [
+            node
+            for node in ast.walk(self.tree)
+            if isinstance(node, ast.Call)
+            and (self.names.call_name(node) or "") in {f"{client}.{verb}" for verb in _HTTPX_CALLS}
+        ]
+        return bool(calls) and all(self._bounded_by_scope(node) for node in calls)
 
     # DLN102: streamed bodies.
 

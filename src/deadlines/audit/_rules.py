@@ -66,5 +66,12 @@ RULES: dict[str, Rule] = {
             "socket-no-timeout",
             "a socket with no timeout: connect and every read can block forever",
         ),
+        Rule(
+            "DLN109",
+            "per-read-limits-only",
+            "an httpx client or call with per-phase limits only (its default 5 s, or a"
+            " number): each read restarts the clock, so a server that trickles bytes holds"
+            " the call forever; nothing bounds the whole call",
+        ),
     )
 }

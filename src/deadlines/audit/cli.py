@@ -15,14 +15,23 @@ from . import RULES, audit_paths
 
 
 def _codes(text: str) -> list[str]:
-    return [code.strip().upper() for code in text.split(",") if code.strip()]
+    codes = [code.strip().upper() for code in text.split(",") if code.strip()]
+    if not codes:
+        raise argparse.ArgumentTypeError(f"expected codes or prefixes of {', '.join(RULES)}")
+    for code in codes:
+        if not any(known.startswith(code) for known in RULES):
+            # A typo must not hide every finding.
+            raise argparse.ArgumentTypeError(
+                f"unknown code {code!r}; expected codes or prefixes of {', '.join(RULES)}"
+            )
+    return codes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``deadlines audit``."""
     parser.add_argument("paths", nargs="*", default=["."], metavar="PATH", help="files or dirs")
     parser.add_argument("--format", choices=("text", "json"), default="text")
-    parser.add_argument("--select", type=_codes, help="only these codes or prefixes (DLN101,DLN2)")
+    parser.add_argument("--select", type=_codes, help="only these codes or prefixes (DLN101,DLN10)")
     parser.add_argument("--ignore", type=_codes, default=[], help="skip these codes or prefixes")
     parser.add_argument(
         "--exclude", action="append", default=[], metavar="GLOB", help="skip matching paths"

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from . import _params, report
+from . import _params, chapter, report
 from .harness import Processes
 from .progress import Progress
 
@@ -49,7 +49,12 @@ class Params:
     variants: tuple[str, ...] = field(default=VARIANTS)
 
     def __post_init__(self) -> None:
-        _params.check(self, known=VARIANTS)
+        _params.check(
+            self,
+            known=VARIANTS,
+            seconds=("user_wait", "a_work", "b_work", "c_work", "ab_timeout", "bc_timeout",
+                     "reserve"),
+        )  # fmt: skip
 
 
 def quick() -> Params:
@@ -60,6 +65,18 @@ def quick() -> Params:
 def expected_seconds(p: Params) -> float:
     """About how long `run` takes."""
     return len(p.variants) * (p.a_work + p.b_work + p.c_work + 4.0)
+
+
+def probe(dsn: str) -> None:
+    """Raise `ValueError` naming ``--dsn`` when Postgres at `dsn` cannot be reached."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn, connect_timeout=5):
+            pass
+    except psycopg.Error as exc:
+        lines = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise ValueError(f"--dsn: cannot connect: {lines[0]}") from None
 
 
 class _Store:
@@ -108,14 +125,15 @@ def _hops(p: Params, variant: str, procs: Processes, store: _Store) -> list[Any]
             ("chain_hop", ["--name", "C", "--work", str(p.c_work), *common]),
         ]
     )  # fmt: skip
-    with httpx.Client(timeout=5) as client:
+    # The lab's own hops, on loopback: they answer at once or not at all.
+    with httpx.Client(timeout=5) as client:  # deadlines: ignore[DLN109]
         client.get(a.url + "/_next", params={"url": b.url}).raise_for_status()
         client.get(b.url + "/_next", params={"url": c.url}).raise_for_status()
     return [a, b, c]
 
 
 async def _events(urls: list[str]) -> list[dict[str, Any]]:
-    async with httpx.AsyncClient(timeout=5) as client:
+    async with httpx.AsyncClient(timeout=5) as client:  # deadlines: ignore[DLN109] the lab's hops
         found: list[dict[str, Any]] = []
         for url in urls:
             found.extend((await client.get(url + "/_events")).json())
@@ -125,7 +143,8 @@ async def _events(urls: list[str]) -> list[dict[str, Any]]:
 async def _user(p: Params, a_url: str, rid: str) -> tuple[float, int | None, str | None]:
     """The user: waits `user_wait` s, tells A so in the header, then hangs up."""
     headers = {"x-request-timeout-ms": str(round(p.user_wait * 1000))}
-    async with httpx.AsyncClient(timeout=p.user_wait) as client:
+    # A's answer arrives at once when it comes: a per-read limit is the user's wait here.
+    async with httpx.AsyncClient(timeout=p.user_wait) as client:  # deadlines: ignore[DLN109]
         await client.get(a_url + "/_warm")  # warm every hop's connection first
         start = time.monotonic()
         try:
@@ -210,74 +229,180 @@ def run(p: Params, progress: Progress) -> dict[str, Any]:
 
 
 _LABELS = {
-    "fixed": ("Fixed timeouts (A→B {ab_timeout:g} s, B→C {bc_timeout:g} s, no cancellation)"),
-    "propagated": "Propagated budget plus 'caller left' (deadlines)",
+    "fixed": "fixed timeouts",
+    "propagated": "propagated (deadlines)",
 }
+#: A figure within this of the chapter's agrees with it.
+AGREE_MS = 50.0
+
+
+def _c_cell(x: dict[str, Any]) -> str:
+    if x["c_committed"]:
+        return f"committed at {report.ms(x['c_finished_ms'])}"
+    if x["c_stopped_ms"] is not None:
+        return f"stopped at {report.ms(x['c_stopped_ms'])} ({x['c_stop_reason']})"
+    return "no commit"
+
+
+def _chapter_row(run: chapter.ChainRun) -> list[str]:
+    told = "not told" if run.c_budget_ms is None else report.ms(run.c_budget_ms)
+    work = (
+        f"committed at {report.ms(run.c_ended_ms)}"
+        if run.c_committed
+        else f"stopped at {report.ms(run.c_ended_ms)} ({run.c_stop_reason})"
+    )
+    return ["  the chapter (Node)", f"504 at {report.ms(run.a_answered_ms)}",
+            report.ms(run.b_gave_up_ms), told, work]  # fmt: skip
 
 
 def tables(result: dict[str, Any]) -> list[report.Table]:
-    """The chapter's table: one column per variant."""
+    """The chapter's table: a row per variant, the chapter's row below each."""
     p = result["params"]
-    names = list(result["variants"])
     table = report.Table(
         f"chain: A ({p['a_work']:g} s) → B ({p['b_work']:g} s) → C ({p['c_work']:g} s, then "
         f"COMMIT); the user waits {p['user_wait']:g} s",
-        ["", *[_LABELS.get(n, n).format(**p) for n in names]],
+        ["run", "A answers", "B gives up", "C is told", f"C's {p['c_work']:g} s of work"],
     )
-    v = result["variants"]
-
-    def a_cell(n: str) -> str:
-        return f"{v[n]['a_status']} at {report.ms(v[n]['a_answered_ms'])}"
-
-    def c_cell(n: str) -> str:
-        x = v[n]
-        if x["c_committed"]:
-            return f"finished and committed at {report.ms(x['c_finished_ms'])}"
-        if x["c_stopped_ms"] is not None:
-            return f"stopped at {report.ms(x['c_stopped_ms'])} ({x['c_stop_reason']}), no commit"
-        return "no commit"
-
-    def budget_cell(n: str) -> str:
-        budget = v[n]["c_budget_ms"]
-        return "not told" if budget is None else f"{budget:,} ms"
-
-    table.rows += [
-        ["A answers the user", *[a_cell(n) for n in names]],
-        ["B gives up on C", *[report.ms(v[n]["b_gave_up_ms"]) for n in names]],
-        ["C is told it has", *[budget_cell(n) for n in names]],
-        [f"C's {p['c_work']:g} s of work", *[c_cell(n) for n in names]],
-    ]
+    for name, x in result["variants"].items():
+        told = "not told" if x["c_budget_ms"] is None else f"{x['c_budget_ms']:,} ms"
+        table.rows.append([
+            _LABELS.get(name, name), f"{x['a_status']} at {report.ms(x['a_answered_ms'])}",
+            report.ms(x["b_gave_up_ms"]), told, _c_cell(x),
+        ])  # fmt: skip
+        if name in chapter.CHAIN:
+            table.rows.append(_chapter_row(chapter.CHAIN[name]))
+    table.note = (
+        "Times from the user's request."
+        f" fixed: A→B {p['ab_timeout']:g} s, B→C {p['bc_timeout']:g} s, nothing stops when a"
+        f" caller leaves. propagated: deadlines.asgi.DeadlineMiddleware with a"
+        f" {p['reserve'] * 1000:g} ms reserve per hop, deadlines.httpx sending the time left."
+    )
     for name, why in result.get("pending", {}).items():
-        table.note += f"{name}: pending ({why}). "
+        table.note += f" {name}: pending ({why})."
+    table.verdict = verdict(result)
     return [table]
 
 
+def verdict(result: dict[str, Any]) -> str:
+    """Each variant beside the chapter's Part 4; the propagated one's difference explained."""
+    p = result["params"]
+    same = chapter.same_params(p, chapter.CHAIN_PARAMS)
+    parts = []
+    agrees = True
+    fixed = result["variants"].get("fixed")
+    if fixed is not None:
+        ok, text = _fixed(fixed, same)
+        agrees &= ok
+        parts.append(text)
+    propagated = result["variants"].get("propagated")
+    if propagated is not None:
+        ok, text = _propagated(propagated, p, same)
+        agrees &= ok
+        parts.append(text)
+    return chapter.verdict(agrees, " ".join(parts) or "no variant ran.")
+
+
+def _fixed(x: dict[str, Any], same: bool) -> tuple[bool, str]:
+    ref = chapter.CHAIN["fixed"]
+    shape = x["c_committed"] and (x["c_finished_ms"] or 0) > (x["a_answered_ms"] or 0)
+    if not shape:
+        return False, "fixed: C did not commit after A answered, as the chapter's did."
+    if not same:
+        return True, "fixed: C commits for nobody after A answered, as in the chapter."
+    ours = (x["a_answered_ms"], x["b_gave_up_ms"], x["c_finished_ms"])
+    theirs = (ref.a_answered_ms, ref.b_gave_up_ms, ref.c_ended_ms)
+    off = max(abs((a or 0.0) - b) for a, b in zip(ours, theirs, strict=True))
+    figures = " / ".join(report.ms(v, unit=False) for v in ours)
+    return off <= AGREE_MS, (
+        f"fixed: {figures} ms against the chapter's 2,004 / 2,509 / 3,510 (within"
+        f" {off:.0f} ms), C committing for nobody."
+    )
+
+
+def _propagated(x: dict[str, Any], p: dict[str, Any], same: bool) -> tuple[bool, str]:
+    ref = chapter.CHAIN["propagated"]
+    if x["c_committed"] or x["c_stopped_ms"] is None or x["a_status"] != 504:
+        return False, "propagated: C was not stopped before its commit, as the chapter's was."
+    stopped = x["c_stopped_ms"]
+    reserve_ms = p["reserve"] * 1000.0
+    own = p["user_wait"] * 1000.0 - 3 * reserve_ms
+    earlier = ref.c_ended_ms - stopped
+    told = f"{x['c_budget_ms']:,} ms" if x["c_budget_ms"] is not None else "nothing"
+    why = (
+        f"C stops {earlier:,.0f} ms earlier than the chapter's, on '{x['c_stop_reason']}'"
+        f" rather than 'caller left': every hop keeps a {reserve_ms:g} ms reserve (the"
+        f" chapter's RESERVE_MS), so C is told {told} where the chapter's C was told 1,448"
+        " (2,000 less A's and B's 500 ms of work and one reserve), and C's own deadline,"
+        f" {p['user_wait'] * 1000:,.0f} ms less three reserves, is {own:,.0f} ms. The chapter's"
+        " C ran on until B hung up at 1,963 ms. The lab keeps a reserve at every hop: it is"
+        " what deadlines does, and the chapter's own rule (the innermost work gives up"
+        " first, while its caller still listens)."
+    )
+    if not same:
+        return True, f"propagated: C stopped, nothing committed, as in the chapter; {why}"
+    return abs(earlier) <= AGREE_MS, (
+        f"propagated: the same shape (504, C stopped, nothing committed), but {why}"
+    )
+
+
+#: Each hop's lane inside a run's band, so marks a few ms apart do not hide each other.
+_LANES = {"A": 0.3, "B": 0.0, "C": -0.3}
+
+
+def _marks(x: dict[str, Any]) -> list[tuple[str, str, float | None, str]]:
+    """(hop, label, ms, colour) of what each hop did."""
+    committed = x["c_finished_ms"] if x["c_committed"] else None
+    return [
+        ("A", "A answers", x["a_answered_ms"], "tab:blue"),
+        ("B", "B gives up", x["b_gave_up_ms"], "tab:orange"),
+        ("C", "C stopped", x["c_stopped_ms"], "tab:green"),
+        ("C", "C committed", committed, "tab:red"),
+    ]
+
+
 def plot(result: dict[str, Any], path: str | Path) -> Path:
-    """A timeline per variant: when A answered, B gave up, C stopped or committed."""
+    """A timeline per run, a lane per hop: when A answered, B gave up, C stopped or committed.
+
+    Hollow grey marks are the chapter's figures for the same events.
+    """
     plt = report.pyplot()
     names = list(result["variants"])
-    fig, ax = plt.subplots(figsize=(9, 1.6 + 1.5 * len(names)))
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 1.9 * len(names)), layout="constrained")
     user_wait = result["params"]["user_wait"] * 1000.0
     for row, name in enumerate(names):
-        v = result["variants"][name]
-        marks = [
-            ("A answers", v["a_answered_ms"], "tab:blue"),
-            ("B gives up", v["b_gave_up_ms"], "tab:orange"),
-            ("C stopped", v["c_stopped_ms"], "tab:green"),
-            ("C committed", v["c_finished_ms"] if v["c_committed"] else None, "tab:red"),
-        ]
-        shown = [(label, value, colour) for label, value, colour in marks if value is not None]
-        for k, (label, value, colour) in enumerate(shown):
-            ax.scatter([value], [row], color=colour, s=60, zorder=3)
-            # Stack the labels: in the propagated run every mark falls within a few ms.
-            ax.annotate(f"{label} {value:,.0f} ms", (value, row), textcoords="offset points",
-                        xytext=(6, 10 + 11 * k), fontsize=8, color=colour)  # fmt: skip
+        x = result["variants"][name]
+        for hop, label, value, colour in _marks(x):
+            if value is None:
+                continue
+            y = row + _LANES[hop]
+            ax.scatter([value], [y], color=colour, s=60, zorder=3)
+            ax.annotate(f"{label} {value:,.0f} ms", (value, y), textcoords="offset points",
+                        xytext=(8, -3), fontsize=8, color=colour)  # fmt: skip
+        ref = chapter.CHAIN.get(name)
+        if ref is not None and chapter.same_params(result["params"], chapter.CHAIN_PARAMS):
+            for hop, value in (("A", ref.a_answered_ms), ("B", ref.b_gave_up_ms),
+                               ("C", ref.c_ended_ms)):  # fmt: skip
+                # Just under the lane, so it never hides the measured mark or its label.
+                y = row + _LANES[hop] - 0.12
+                ax.scatter([value], [y], s=40, facecolor="none", edgecolor="grey", zorder=2)
+                ax.annotate(f"{value:,.0f}", (value, y), textcoords="offset points",
+                            xytext=(7, -3), fontsize=7, color="grey")  # fmt: skip
+        if name == "propagated":
+            reserves = 3 * result["params"]["reserve"] * 1000.0
+            ax.vlines(user_wait - reserves, row - 0.45, row + 0.45, color="tab:green",
+                      linestyle="--", linewidth=1,
+                      label=f"C's own deadline: the user's wait less 3 reserves of"
+                            f" {reserves / 3:g} ms")  # fmt: skip
+    ax.scatter([], [], s=60, facecolor="none", edgecolor="grey", label="the chapter (Node)")
     ax.axvline(user_wait, color="grey", linestyle=":", label="the user gives up")
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels(names)
-    ax.set_ylim(-0.5, len(names) - 0.1)
-    ax.margins(x=0.18)  # room for the labels right of the last mark
+    ticks = [row + offset for row in range(len(names)) for offset in _LANES.values()]
+    ax.set_yticks(ticks)
+    ax.set_yticklabels([f"{_LABELS.get(n, n)}: {hop}" for n in names for hop in _LANES],
+                       fontsize=8)  # fmt: skip
+    ax.set_ylim(-0.6, len(names) - 0.4)
+    ax.margins(x=0.2)  # room for the labels right of the last mark
     ax.set_xlabel("ms since the user's request")
     ax.set_title("chain: who is still working after the user left?")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
     return report.save_figure(fig, path)

@@ -1,10 +1,12 @@
 """`deadlines lab [defaults|cascade|chain|slow-server|all]`: the experiments, from the shell.
 
 Bare `deadlines lab` runs them all (about two minutes) and writes one Markdown report
-with tables and pictures. Each experiment prints tables like the chapter's; `--json`
+with tables and pictures. Each experiment prints tables like the chapter's, with the
+chapter's figures beside its own and a verdict (agrees, or differs and why); `--json`
 writes its figures, `--plot` a PNG, `--quick` a short version. The chapter's numbers
 are only the defaults: every duration, rate, budget and pool size is a flag.
 `deadlines lab slow-server --sim` runs the simulated twin with the same flags.
+Every flag, output path, module and database is checked before any process starts.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import Any
 
+from .._cli import UsageError, missing_modules, output_file
 from .progress import Progress
 
 #: experiment -> its module (imported when it runs: `deadlines --help` needs no extra)
@@ -32,6 +35,19 @@ EXPERIMENTS: dict[str, str] = {
 
 #: experiment -> its simulated twin in `deadlines.sim` (`deadlines lab NAME --sim`)
 SIMULATED: dict[str, str] = {"slow-server": "lab_slow_server"}
+
+#: experiment -> the third-party modules it imports (the `[lab]` extra installs them)
+REQUIRES: dict[str, tuple[str, ...]] = {
+    "defaults": ("httpx", "httpcore", "aiohttp", "requests"),
+    "cascade": ("aiohttp",),
+    "chain": ("httpx", "httpcore", "starlette", "uvicorn"),
+    "slow-server": ("aiohttp",),
+}
+
+#: Where bare `deadlines lab` writes its report.
+DEFAULT_REPORT = "lab-report/report.md"
+#: Runs expected to take longer are refused: `deadlines sim` is the tool for long runs.
+LONGEST_RUN = 3600.0
 
 
 def experiment(name: str) -> ModuleType:
@@ -75,6 +91,8 @@ def _flag(group: Any, experiment: str, field: str, kind: Any, help_text: str) ->
     flag = "--" + field.replace("_", "-")
     if kind is tuple:
         group.add_argument(flag, dest=dest, metavar="A,B", help=help_text)
+    elif kind is bool:
+        group.add_argument(flag, dest=dest, action="store_const", const=True, help=help_text)
     else:
         metavar = "DSN" if kind is str else "N"
         group.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=help_text)
@@ -91,8 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG (one experiment)")
     parser.add_argument(
-        "--report", metavar="PATH", default="lab-report/report.md",
-        help="all: where the Markdown report goes (PNGs beside it)",
+        "--report", metavar="PATH",
+        help=f"a Markdown report with tables and PNGs beside it (all: {DEFAULT_REPORT})",
     )  # fmt: skip
     parser.add_argument("--quiet", action="store_true", help="no progress display")
     parser.add_argument(
@@ -104,6 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(g, "defaults", "cap", float, "seconds a case may run before '> cap' (15)")
     _flag(g, "defaults", "limit", float, "the common options' timeout, s (2)")
     _flag(g, "defaults", "interval", float, "trickle servers: seconds per byte (1)")
+    _flag(g, "defaults", "long", bool, "let blackholed connects run until the kernel gives up"
+          " (~2 min more)")  # fmt: skip
     g = parser.add_argument_group("cascade")
     _flag(g, "cascade", "duration", float, "seconds of load (10)")
     _flag(g, "cascade", "home_rate", float, "/home requests per second (50)")
@@ -156,7 +176,7 @@ def params_for(name: str, args: argparse.Namespace) -> Any:
     try:
         return dataclasses.replace(base, **changes)
     except (TypeError, ValueError) as exc:
-        raise SystemExit(f"deadlines lab {name}: {exc}") from exc
+        raise UsageError(f"{name}: {exc}") from None
 
 
 def simulate(name: str, params: Any) -> dict[str, Any]:
@@ -176,21 +196,104 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # unwinds through every `with Processes()`: children stopped
 
 
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What a checked command line will do."""
+
+    names: list[str]
+    params: dict[str, Any]
+    simulated: bool
+    report: Path | None
+    expected: float
+
+
+def _prepare(args: argparse.Namespace) -> _Run:
+    """Check every flag, module, output path and database first; raises `UsageError`."""
+    every = args.experiment == "all"
+    names = list(EXPERIMENTS) if every else [args.experiment]
+    simulated = bool(getattr(args, "sim", False))
+    if simulated and args.experiment not in SIMULATED:
+        raise UsageError(
+            f"{args.experiment}: --sim is for {', '.join(SIMULATED)} only "
+            "(the cascade and chain have scenarios: deadlines sim examples/sim/...)"
+        )
+    if every and args.plot:
+        raise UsageError(
+            "--plot is for one experiment; all of them write one PNG each beside --report"
+        )
+    given = args.report if args.report is not None else (DEFAULT_REPORT if every else None)
+    report = None if given is None else Path(given)
+    wanted = {m for n in names for m in REQUIRES[n]}
+    if args.plot or report is not None:
+        wanted.add("matplotlib")
+    absent = missing_modules(tuple(sorted(wanted)))
+    if absent:
+        raise UsageError(f"needs {', '.join(absent)} (not installed): pip install 'deadlines[lab]'")
+    params = {name: params_for(name, args) for name in names}
+    if "slow-server" in params and not simulated:
+        from .slow_server import check_processes
+
+        try:
+            check_processes(params["slow-server"])
+        except ValueError as exc:
+            raise UsageError(f"slow-server: {exc}") from None
+    _check_outputs(args, names, report, every)
+    expected = sum(_expected_seconds(n, p, simulated) for n, p in params.items())
+    if expected > LONGEST_RUN:
+        from deadlines.sim.run import human_seconds
+
+        raise UsageError(
+            f"this run would take about {human_seconds(expected)}; the lab runs at most an"
+            " hour (deadlines sim is the tool for long runs)"
+        )
+    if "chain" in params and params["chain"].dsn:
+        _check_dsn(params["chain"].dsn)
+    return _Run(names, params, simulated, report, expected)
+
+
+def _check_outputs(
+    args: argparse.Namespace, names: list[str], report: Path | None, every: bool
+) -> None:
+    if args.json:
+        output_file(args.json, "--json")
+    if args.plot:
+        output_file(args.plot, "--plot")
+    if report is not None:
+        output_file(report, "--report")
+        for name in names:
+            output_file(report.parent / f"{name}.png", "--report")
+        if every and not args.json:
+            output_file(report.parent / "results.json", "--report")
+
+
+def _expected_seconds(name: str, params: Any, simulated: bool) -> float:
+    if simulated:
+        from deadlines.sim.run import SPEED
+
+        return float(params.rate * params.run_for * len(params.policies)) / SPEED
+    return float(experiment(name).expected_seconds(params))
+
+
+def _check_dsn(dsn: str) -> None:
+    if missing_modules(("psycopg",)):
+        raise UsageError("--dsn needs psycopg: pip install 'deadlines[psycopg]'")
+    from .chain import probe
+
+    try:
+        probe(dsn)
+    except ValueError as exc:
+        raise UsageError(f"chain: {exc}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the chosen experiment(s); returns the exit code."""
-    if getattr(args, "sim", False) and args.experiment not in SIMULATED:
-        print(
-            f"deadlines lab {args.experiment}: --sim is for {', '.join(SIMULATED)} only "
-            "(the cascade and chain have scenarios: deadlines sim examples/sim/...)",
-            file=sys.stderr,
-        )
-        return 2
+    plan = _prepare(args)
     previous = signal.signal(signal.SIGTERM, _on_sigterm)
     progress = Progress(quiet=args.quiet)
     try:
         if args.experiment == "all":
-            return _run_all(args, progress)
-        return _run_one(args.experiment, args, progress)
+            return _run_all(plan, args, progress)
+        return _run_one(plan, args, progress)
     except KeyboardInterrupt:
         print("deadlines lab: interrupted; every server it started was stopped", file=sys.stderr)
         return 130
@@ -198,57 +301,80 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _run_one(name: str, args: argparse.Namespace, progress: Progress) -> int:
-    from . import report
+def _measure(name: str, plan: _Run, progress: Progress) -> dict[str, Any]:
+    params = plan.params[name]
+    if plan.simulated:
+        with progress.step(f"{name} (simulated)", max(1.0, plan.expected)):
+            return simulate(name, params)
+    result: dict[str, Any] = experiment(name).run(params, progress)
+    return result
 
+
+def _section(
+    name: str, result: dict[str, Any], folder: Path | None
+) -> tuple[str, str, list[Any], list[Path]]:
+    """Print the experiment's tables; its report section (PNG drawn into `folder`).
+
+    The report also has the experiment's detailed tables (`details`), too wide for a
+    terminal.
+    """
     module = experiment(name)
-    params = params_for(name, args)
-    if getattr(args, "sim", False):
-        with progress.step(f"{name} (simulated)", 1.0):
-            result = simulate(name, params)
-    else:
-        result = module.run(params, progress)
-    for table in module.tables(result):
+    tables = module.tables(result)
+    for table in tables:
         print(table.text())
         print()
+    details = module.details(result) if hasattr(module, "details") else []
+    pictures = [] if folder is None else [module.plot(result, folder / f"{name}.png")]
+    heading, text = _SECTIONS[name]
+    return heading, text, [*tables, *details], pictures
+
+
+def _intro(args: argparse.Namespace, took: float) -> str:
+    flags = " --quick" if args.quick else ""
+    return (
+        f"Measured by `deadlines lab{flags}` in {took:.0f} s with real processes on loopback"
+        f" (Python {sys.version.split()[0]}). Each section reproduces a measured table of"
+        " the reference chapter."
+    )
+
+
+def _run_one(plan: _Run, args: argparse.Namespace, progress: Progress) -> int:
+    from . import report
+
+    [name] = plan.names
+    started = time.monotonic()
+    result = _measure(name, plan, progress)
+    folder = None if plan.report is None else plan.report.parent
+    section = _section(name, result, folder)
     if args.json:
         data = result["rows"] if name == "defaults" else result
         print(f"JSON: {report.write_json(args.json, data)}")
     if args.plot:
-        print(f"PNG: {module.plot(result, args.plot)}")
+        print(f"PNG: {experiment(name).plot(result, args.plot)}")
+    if plan.report is not None:
+        took = time.monotonic() - started
+        path = report.markdown_report(
+            plan.report, title="deadlines lab report", intro=_intro(args, took), sections=[section]
+        )
+        print(f"Report: {path}")
     return 0
 
 
-def _run_all(args: argparse.Namespace, progress: Progress) -> int:
+def _run_all(plan: _Run, args: argparse.Namespace, progress: Progress) -> int:
     from . import report
 
-    chosen = {name: params_for(name, args) for name in EXPERIMENTS}
-    total = sum(experiment(n).expected_seconds(p) for n, p in chosen.items())
-    progress.note(f"running {', '.join(chosen)}: about {total:.0f} s")
+    assert plan.report is not None
+    progress.note(f"running {', '.join(plan.names)}: about {plan.expected:.0f} s")
     started = time.monotonic()
-    report_path = Path(args.report)
-    folder = report_path.parent
+    folder = plan.report.parent
     results: dict[str, Any] = {}
     sections = []
-    for name, params in chosen.items():
-        module = experiment(name)
-        result = module.run(params, progress)
-        results[name] = result
-        tables = module.tables(result)
-        for table in tables:
-            print(table.text())
-            print()
-        picture = module.plot(result, folder / f"{name}.png")
-        heading, text = _SECTIONS[name]
-        sections.append((heading, text, tables, [picture]))
+    for name in plan.names:
+        results[name] = _measure(name, plan, progress)
+        sections.append(_section(name, results[name], folder))
     took = time.monotonic() - started
-    intro = (
-        f"Measured by `deadlines lab{' --quick' if args.quick else ''}` in {took:.0f} s "
-        f"with real processes on loopback (Python {sys.version.split()[0]}). "
-        "Each section reproduces a measured table of the reference chapter."
-    )
     path = report.markdown_report(
-        report_path, title="deadlines lab report", intro=intro, sections=sections
+        plan.report, title="deadlines lab report", intro=_intro(args, took), sections=sections
     )
     json_path = Path(args.json) if args.json else folder / "results.json"
     report.write_json(json_path, results)

@@ -95,31 +95,80 @@ def _sync_call(key: str, client: str, url: str, limit: float) -> str:
 
 Call = Callable[[], Awaitable[None]]
 
+#: The aiohttp total that shows its rounding (aiohttp rounds deadlines of 5 s and more up
+#: to a whole second of the loop's clock).
+ROUNDED_TOTAL = 7.3
+
+
+def _prepare_httpx(case: dict[str, Any]) -> tuple[Call, Call]:
+    import httpx
+
+    key, url, limit = case["key"], case["url"], case["limit"]
+    # The cases show what per-phase limits do: DLN109's findings, on purpose.
+    if key == "no options":  # httpx's default: Timeout(5.0), each read its own 5 s
+        hc = httpx.AsyncClient()  # deadlines: ignore[DLN109]
+    elif key == "timeout":
+        hc = httpx.AsyncClient(timeout=httpx.Timeout(limit))  # deadlines: ignore[DLN109]
+    elif key == "pool":
+        hc = httpx.AsyncClient(  # deadlines: ignore[DLN109]
+            timeout=httpx.Timeout(limit), limits=httpx.Limits(max_connections=1)
+        )
+    else:  # the limit is around the call (wait_for, fail_after)
+        hc = httpx.AsyncClient(timeout=None)  # deadlines: ignore[DLN101]
+
+    async def call_httpx() -> None:
+        if key == "wait_for":
+            await asyncio.wait_for(hc.get(url), limit)
+        elif key == "fail_after":
+            import anyio
+
+            with anyio.fail_after(limit):
+                await hc.get(url)
+        elif key == "pool":
+            await _behind_a_hung_call(case, hc)
+        else:
+            await hc.get(url)
+
+    return call_httpx, hc.aclose
+
+
+async def _behind_a_hung_call(case: dict[str, Any], hc: Any) -> None:
+    """A call whose pool of one is held by another call until that one's read timeout.
+
+    The measured call starts `limit`/4 after the first one (noted in the case as
+    ``measured_from``), waits for the pool until the first one gives up, then for its
+    own answer: both limits add up.
+    """
+    import httpx
+
+    async def hog() -> None:
+        with contextlib.suppress(httpx.TimeoutException):
+            await hc.get(case["url"])
+
+    first = asyncio.create_task(hog())
+    await asyncio.sleep(case["limit"] / 4)
+    case["measured_from"] = time.monotonic()
+    try:
+        await hc.get(case["url"])
+    finally:
+        await first
+
 
 async def _prepare(case: dict[str, Any]) -> tuple[Call, Call]:
     """Build the client first (TLS contexts are slow to make); return (call, close)."""
     client, key, url, limit = case["client"], case["key"], case["url"], case["limit"]
     if client == "httpx":
-        import httpx
-
-        if key == "no options":
-            hc = httpx.AsyncClient()  # httpx's default: Timeout(5.0), each read its own 5 s
-        else:
-            hc = httpx.AsyncClient(timeout=httpx.Timeout(limit) if key == "timeout" else None)
-
-        async def call_httpx() -> None:
-            if key == "wait_for":
-                await asyncio.wait_for(hc.get(url), limit)
-            else:
-                await hc.get(url)
-
-        return call_httpx, hc.aclose
+        return _prepare_httpx(case)
     if client == "aiohttp":
         import aiohttp
 
         kwargs: dict[str, Any] = {}
         if key == "timeout":
             kwargs["timeout"] = aiohttp.ClientTimeout(total=limit + 0.3)
+        elif key == "sock_read":  # no total: aiohttp's ClientTimeout fields default to None
+            kwargs["timeout"] = aiohttp.ClientTimeout(sock_read=limit)  # deadlines: ignore[DLN101]
+        elif key == "total_rounded":  # over 5 s, aiohttp rounds its deadline up to a whole second
+            kwargs["timeout"] = aiohttp.ClientTimeout(total=ROUNDED_TOTAL)
         session = aiohttp.ClientSession(**kwargs)
 
         async def call_aiohttp() -> None:
@@ -193,6 +242,7 @@ async def _run_async(case: dict[str, Any], call: Call, close: Call) -> None:
         await call()
     except Exception as exc:
         outcome, error = "error", exc
+    start = case.get("measured_from", start)
     elapsed = time.monotonic() - start
     # Look at the socket before closing the client: what did the call itself leave open?
     await asyncio.to_thread(_row, case, elapsed, outcome, error)

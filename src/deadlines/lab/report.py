@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,18 +16,26 @@ from typing import Any
 
 from .._extras import missing
 
+#: The terminal width the lab's tables are made to fit.
+WIDTH = 100
+
 
 @dataclass
 class Table:
-    """A titled table of strings, printed like the chapter's."""
+    """A titled table of strings, printed like the chapter's.
+
+    `verdict` sets the table beside the chapter's figures: ``agrees: ...`` or
+    ``differs: ...`` with the reason.
+    """
 
     title: str
     headers: Sequence[str]
     rows: list[Sequence[str]] = field(default_factory=list)
     note: str = ""
+    verdict: str = ""
 
     def text(self) -> str:
-        """The table in plain aligned columns, for the terminal."""
+        """The table in plain aligned columns, for the terminal; notes wrapped to `WIDTH`."""
         widths = [len(h) for h in self.headers]
         for row in self.rows:
             widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
@@ -37,7 +46,9 @@ class Table:
         out = [self.title, line(self.headers), line(["-" * w for w in widths])]
         out.extend(line(row) for row in self.rows)
         if self.note:
-            out.append(self.note)
+            out.append(textwrap.fill(self.note, WIDTH))
+        if self.verdict:
+            out.append(textwrap.fill(f"Chapter: {self.verdict}", WIDTH))
         return "\n".join(out)
 
     def markdown(self) -> str:
@@ -50,6 +61,8 @@ class Table:
         out.extend(line(row) for row in self.rows)
         if self.note:
             out += ["", self.note]
+        if self.verdict:
+            out += ["", f"**Chapter:** {self.verdict}"]
         return "\n".join(out)
 
 
@@ -86,10 +99,11 @@ def pyplot() -> Any:
 
 
 def save_figure(fig: Any, path: str | Path) -> Path:
-    """Save and close a matplotlib figure as PNG."""
+    """Save and close a matplotlib figure as PNG (laid out tight unless it is constrained)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if not fig.get_constrained_layout():
+        fig.tight_layout()
     fig.savefig(target, dpi=110)
     pyplot().close(fig)
     return target

@@ -27,7 +27,7 @@ import aiohttp
 
 import deadlines
 
-from . import _params, report
+from . import _params, chapter, report
 from .harness import Processes
 from .load import LoadRun, percentile, run_open_loop
 from .progress import Progress
@@ -54,9 +54,33 @@ class Params:
 
     def __post_init__(self) -> None:
         known = [*_KNOWN, *(f"{k}+deadlines" for k in sorted(_KNOWN))]
-        _params.check(self, known=known, names_field="policies")
+        _params.check(
+            self,
+            known=known,
+            names_field="policies",
+            # deadlines.sim's own limits, for --sim; `check_processes` for real ones.
+            at_most={"rate": (1e7, "the simulator's limit"),
+                     "servers": (10_000, "the simulator's limit"),
+                     "service_ms": (_params.HOUR * 1000, "an hour")},
+            seconds=("run_for", "slow_at", "request_deadline", "client_timeout", "window",
+                     "sample_every"),
+        )  # fmt: skip
         if self.servers < 2:
             raise ValueError("--servers must be at least 2 (one of them becomes slow)")
+
+
+#: Backend processes the lab starts at most (each is a Python process).
+MOST_SERVERS = 32
+
+
+def check_processes(p: Params) -> None:
+    """Raise `ValueError` if `p` is more than the real processes can run (`--sim` can)."""
+    if p.servers > MOST_SERVERS:
+        raise ValueError(
+            f"--servers must be at most {MOST_SERVERS} (each is a process; --sim has no"
+            f" such limit), got {p.servers}"
+        )
+    _params.check_requests(p.rate * p.run_for, "--rate over --run-for")
 
 
 def quick() -> Params:
@@ -244,8 +268,8 @@ def tables(result: dict[str, Any]) -> list[report.Table]:
         f"slow-server{' (simulated)' if simulated else ''}: {p['servers']} backends, "
         f"{p['rate']:g} req/s; backend 1 becomes "
         f"{p['slow_factor']:g}× slower at {p['slow_at']:g} s but stays healthy",
-        ["policy", "p50 after", "p99 after", "ok after", "sent to slow one",
-         "queue max per backend", "work for nobody", "shed", "rate achieved"],
+        ["policy", "p50 after", "p99 after", "ok after", "to slow", "queue max",
+         "for nobody", "shed"],
     )  # fmt: skip
     for name, v in result["policies"].items():
         table.rows.append(
@@ -258,19 +282,49 @@ def tables(result: dict[str, Any]) -> list[report.Table]:
                 " / ".join(str(q) for q in v["queue_max"]),
                 str(sum(v["wasted"])),
                 str(sum(v["dropped"])),
-                f"{v['load']['req']['error_pct']:+.2f}%",
             ]
         )
-    table.note = (
-        "Latencies count failures at the time they failed (unanswered: the whole limit). "
-        "'work for nobody': requests a backend served after the client had left."
+    table.rows.append(["the chapter", "-", "-", "-", "-", "grows", "-", "-"])
+    rates = ", ".join(
+        f"{name} {v['load']['req']['error_pct']:+.2f}%" for name, v in result["policies"].items()
     )
+    table.note = (
+        "After the slowdown: p50, p99 and the share answered; 'to slow': the share sent to"
+        " the slow backend; queue max per backend; 'for nobody': requests a backend served"
+        " after the client had left; 'shed': dropped by deadlines. Latencies count failures"
+        f" at the time they failed. Load achieved against requested: {rates}."
+    )
+    table.verdict = verdict(result)
     if simulated:
         table.note += (
             f" Simulated by deadlines.sim (seed {result.get('seed')}): no process was "
             "started, and no time is spent on the wire."
         )
     return [table]
+
+
+def verdict(result: dict[str, Any]) -> str:
+    """The measurement beside the chapter's prediction (it gives no figures)."""
+    policies = result["policies"]
+    slow = result["slow_server"]
+    rr = policies.get("round_robin")
+    if rr is None:
+        return chapter.verdict(False, "round robin, the chapter's case, did not run.")
+    queues = rr["queue_max"]
+    others = max((q for i, q in enumerate(queues) if i != slow), default=0)
+    grew = queues[slow] >= 3 * max(others, 1)
+    text = (
+        f"{chapter.SLOW_SERVER}. Here round robin sent the slow backend"
+        f" {rr['share_sent_to_slow_pct']:.0f}% of the requests; its queue reached"
+        f" {queues[slow]} (the others {others}) and p99 {report.ms(rr['p99_ms_after_slowdown'])}"
+    )
+    lo = policies.get("least_outstanding")
+    if lo is not None:
+        text += (
+            f"; least outstanding sent it {lo['share_sent_to_slow_pct']:.0f}%, p99"
+            f" {report.ms(lo['p99_ms_after_slowdown'])}"
+        )
+    return chapter.verdict(grew, text + ".")
 
 
 def plot(result: dict[str, Any], path: str | Path) -> Path:
@@ -289,11 +343,14 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         top.set_title(name)
         top.set_ylabel("latency, ms")
         top.axvline(slow_at, color="grey", linestyle=":")
-        top.legend(fontsize=8)
+        top.legend(fontsize=8, loc="center right")
         for i, series in enumerate(v["queue_series"]):
             label = f"backend {i}" + (" (slow)" if i == result["slow_server"] else "")
             bottom.plot([pt[0] for pt in series], [pt[1] for pt in series], label=label)
         bottom.axvline(slow_at, color="grey", linestyle=":")
+        bottom.annotate(f"backend {result['slow_server']} slows down", (slow_at, 1.0),
+                        xycoords=("data", "axes fraction"), xytext=(3, -12),
+                        textcoords="offset points", fontsize=7, color="grey")  # fmt: skip
         bottom.set_xlabel("seconds")
         bottom.set_ylabel("queue (waiting + in service)")
         bottom.legend(fontsize=8)

@@ -22,7 +22,9 @@
     latency = { csv = "shard1.csv", unit = "ms" }
 
 A call may have its own ``calls``: the callee's downstream calls, planned inside the
-callee's budget. Every error names the file, the line and what was expected.
+callee's budget. Every error names the file, the line and what was expected. A bare
+number is seconds; one too large to be meant as seconds (``deadline = 2000``) is kept
+and reported in `Route.warnings`.
 """
 
 from __future__ import annotations
@@ -122,7 +124,11 @@ class Group:
 
 @dataclass(frozen=True, slots=True)
 class Route:
-    """A route: its deadline, the layers in front of it, and its call tree."""
+    """A route: its deadline, the layers in front of it, and its call tree.
+
+    `warnings` are located lines (``FILE:LINE: WHERE: warning: ...``) about values that
+    were accepted but look like a mistake.
+    """
 
     name: str
     file: str
@@ -131,6 +137,7 @@ class Route:
     reserve: float
     layers: tuple[Layer, ...]
     body: Group
+    warnings: tuple[str, ...] = ()
 
 
 class _Reader:
@@ -140,9 +147,13 @@ class _Reader:
         self.file = file
         self.base = base
         self.locator = Locator(text)
+        self.warnings: list[str] = []
 
     def error(self, path: KeyPath, message: str) -> PlanError:
         return PlanError(message, file=self.file, line=self.locator.line(path), where=_dotted(path))
+
+    def warn(self, path: KeyPath, message: str) -> None:
+        self.warnings.append(str(self.error(path, f"warning: {message}")))
 
     def table(self, value: object, path: KeyPath, allowed: set[str]) -> Mapping[str, Any]:
         if not isinstance(value, dict):
@@ -170,9 +181,13 @@ class _Reader:
                 raise self.error(path, f"expected {key} = {_durations.EXPECTED}, got nothing")
             return None
         try:
-            return _durations.parse(table[key])
+            seconds = _durations.parse(table[key])
         except ValueError as exc:
             raise self.error((*path, key), str(exc)) from None
+        doubt = _durations.implausible_bare(table[key])
+        if doubt is not None:
+            self.warn((*path, key), doubt)
+        return seconds
 
     def positive(self, table: Mapping[str, Any], key: str, path: KeyPath) -> float | None:
         value = self.duration(table, key, path)
@@ -211,11 +226,23 @@ def _kind(value: object) -> str:
 def load(path: str | Path) -> Route:
     """Read and validate a plan file; raises `PlanError` naming the file and line."""
     file = Path(path)
+    return parse(read_text(file, "the plan"), file=str(path), base=file.parent)
+
+
+def read_text(file: Path, what: str) -> str:
+    """The UTF-8 text of `file`; `PlanError` naming it when it cannot be read as such."""
     try:
-        text = file.read_text(encoding="utf-8")
+        data = file.read_bytes()
     except OSError as exc:
-        raise PlanError(f"cannot read the plan: {exc.strerror}", file=str(path)) from exc
-    return parse(text, file=str(path), base=file.parent)
+        raise PlanError(f"cannot read {what}: {exc.strerror}", file=str(file)) from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PlanError(
+            f"cannot read {what}: expected UTF-8 text, got byte 0x{data[exc.start]:02x}"
+            f" at offset {exc.start}",
+            file=str(file),
+        ) from None
 
 
 def parse(text: str, *, file: str = "<plan>", base: Path | None = None) -> Route:
@@ -264,6 +291,7 @@ def parse(text: str, *, file: str = "<plan>", base: Path | None = None) -> Route
         reserve=reserve,
         layers=layers,
         body=body,
+        warnings=tuple(reader.warnings),
     )
 
 
@@ -379,21 +407,30 @@ def _latency_of(reader: _Reader, value: object, path: KeyPath) -> Latency:
         raise reader.error((*path, key), f"expected a file name, got {name!r}")
     file = reader.base / name
     try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise reader.error((*path, key), f"cannot read {str(file)!r}: {exc.strerror}") from exc
+        text = read_text(file, "the samples")
+    except PlanError as exc:
+        raise reader.error((*path, key), f"{file}: {exc.message}") from exc
     if key == "csv":
         column = table.get("column")
         if column is not None and (isinstance(column, bool) or not isinstance(column, str | int)):
             raise reader.error((*path, "column"), f"expected a name or number, got {column!r}")
-        return _latency.read_csv(text, file=str(file), column=column, unit=unit)
-    labels = table.get("labels", {})
-    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
-        raise reader.error((*path, "labels"), f"expected a table of strings, got {labels!r}")
-    metric = table.get("metric")
-    if metric is not None and not isinstance(metric, str):
-        raise reader.error((*path, "metric"), f"expected a metric name, got {metric!r}")
-    return _latency.read_prometheus(text, file=str(file), metric=metric, labels=labels, unit=unit)
+        latency = _latency.read_csv(text, file=str(file), column=column, unit=unit)
+    else:
+        labels = table.get("labels", {})
+        if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+            raise reader.error((*path, "labels"), f"expected a table of strings, got {labels!r}")
+        metric = table.get("metric")
+        if metric is not None and not isinstance(metric, str):
+            raise reader.error((*path, "metric"), f"expected a metric name, got {metric!r}")
+        latency = _latency.read_prometheus(
+            text, file=str(file), metric=metric, labels=labels, unit=unit
+        )
+    slowest = max(latency.p99, latency.p999 or 0.0)
+    if slowest > _durations.LONGEST:
+        raise reader.error(
+            (*path, key), f"{file}: expected latencies of at most a year, got {slowest:g} s"
+        )
+    return latency
 
 
 def _inline(reader: _Reader, table: Mapping[str, Any], path: KeyPath) -> Latency:

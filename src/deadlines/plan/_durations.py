@@ -8,7 +8,13 @@ import re
 _UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
 _PATTERN = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(us|µs|ms|s|min|m)\s*$")
 
-EXPECTED = 'a duration like "40ms" or "2s", or a number of seconds'
+EXPECTED = (
+    'a duration with a unit (us, ms, s, m or min), like "40ms" or "2s", or a number of seconds'
+)
+#: Longer than this is a mistake (milliseconds given as seconds, say), not a timeout.
+LONGEST = 366 * 24 * 3600.0
+#: A bare number above this is more likely milliseconds than seconds: the loader warns.
+PLAUSIBLE_BARE = 60.0
 
 
 def parse(value: object) -> float:
@@ -24,13 +30,27 @@ def parse(value: object) -> float:
         result = float(value)
     if not math.isfinite(result) or result < 0:
         raise ValueError(f"expected a finite duration >= 0, got {value!r}")
+    if result > LONGEST:
+        raise ValueError(f"expected a duration of at most a year, got {value!r}")
     return result
+
+
+def implausible_bare(value: object) -> str | None:
+    """A warning when `value` is a bare number too large to be meant as seconds, else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value <= PLAUSIBLE_BARE:
+        return None
+    return (
+        f"{value:g} is read as {format_seconds(float(value))}; write "
+        f'"{value:g}ms" if you meant milliseconds, or "{value:g}s" to keep it'
+    )
 
 
 def format_seconds(seconds: float) -> str:
     """A short human reading: ``500 ms``, ``1.5 s``, ``0.4 ms``."""
     if math.isinf(seconds):
         return "∞"
+    if seconds >= 100.0:
+        return f"{seconds:,.0f} s"
     if seconds >= 1.0:
         return f"{seconds:.3g} s"
     ms = seconds * 1000.0

@@ -203,6 +203,8 @@ def _call(
     connect = min(_rules.connect_timeout(call.network), timeout) if timeout > 0 else 0.0
     cut, bound = latency.fraction_over(timeout)
     _findings_for(result, call, share, target, timeout, outer)
+    if 0 < connect < _rules.SYN_RETRANSMIT and call.connect is None:
+        result.findings.append(_short_connect(call, connect, attempts))
     dependency = _dependency(call, timeout, connect, attempts)
     result.rows.append(
         CallPlan(
@@ -249,6 +251,25 @@ def _dependency(call: Call, timeout: float, connect: float, attempts: int) -> De
         total=safe,
         min_useful=min(round(call.latency.p50, 3), safe),
         retry=retry,
+    )
+
+
+def _short_connect(call: Call, connect: float, attempts: int) -> Finding:
+    """The proposed connect limit is under the first SYN retransmit: say what that costs."""
+    if attempts > 1:
+        recovery = f"{attempts} attempts fit, so a retry reconnects"
+    elif not call.critical:
+        recovery = "the fallback covers it"
+    else:
+        recovery = "no retry fits: a longer deadline, or a retry, would cover it"
+    return Finding(
+        "warning",
+        "connect-syn",
+        call.where,
+        call.line,
+        f"{call.name}: proposed connect {fmt(connect)} (held to the call's timeout) is under"
+        f" the kernel's first SYN retransmit ({fmt(_rules.SYN_RETRANSMIT)}): one lost SYN"
+        f" fails the attempt; {recovery}",
     )
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from ._durations import format_seconds as fmt
 from ._planner import CallPlan, Finding, GroupPlan, Plan
-from ._rules import connect_timeout
+from ._rules import SYN_RETRANSMIT, connect_timeout
 
 
 def _percent(value: float, bound: bool, count: int | None = None) -> str:
@@ -68,7 +68,7 @@ def table(result: Plan) -> str:
                 "-" if latency.p999 is None else fmt(latency.p999),
                 fmt(row.share),
                 fmt(row.timeout),
-                fmt(row.connect),
+                fmt(row.connect) + ("!" if 0 < row.connect < SYN_RETRANSMIT else ""),
                 f"{row.attempts} (fit {row.attempts_fit})",
                 _percent(row.cut, row.cut_is_bound, latency.count),
             )
@@ -130,6 +130,8 @@ def code(result: Plan) -> str:
 def _connect_note(row: CallPlan) -> str:
     rule = connect_timeout(row.call.network)
     where = "in-region" if row.call.network == "region" else "across the internet"
+    if row.connect < SYN_RETRANSMIT:
+        return "under the 1 s SYN retransmit (held to the total): a lost SYN fails the attempt"
     if row.connect < rule:
         return f"{where} {fmt(rule)}, held to the call's total"
     return f"{where}: survives a lost SYN"

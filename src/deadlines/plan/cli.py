@@ -1,7 +1,8 @@
 """``deadlines plan CONFIG.toml``: propose timeouts for a route and check the configured ones.
 
 Exit status: 0 when no rule is broken, 1 when there are violations, 2 when the input
-is malformed (the message names the file, the line and what was expected).
+is malformed (the message names the file, the line and what was expected). Values that
+were accepted but look like a mistake are warned about on stderr.
 """
 
 from __future__ import annotations
@@ -27,10 +28,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the planner; returns the exit status."""
     try:
-        result = plan(load(args.config))
+        route = load(args.config)
     except PlanError as exc:
         print(f"deadlines plan: {exc}", file=sys.stderr)
         return 2
+    for warning in route.warnings:
+        print(f"deadlines plan: {warning}", file=sys.stderr)
+    result = plan(route)
     if args.format == "json":
         print(as_json(result))
     elif args.format == "code":

@@ -49,6 +49,8 @@ UNSENT_CAUSES = frozenset({"pool_timeout", "connect_timeout", "refused", "reject
 
 # Request states: arrived (not queued, no worker), queued, running on a worker, done.
 _NEW, _QUEUED, _RUNNING, _DONE = 0, 1, 2, 3
+#: A run with a progress callback goes in this many slices of simulated time.
+_SLICES = 100
 _STATUS = {"rejected": 503, "refused": 503, "shed": 503, "budget_exhausted": 504}
 
 
@@ -791,8 +793,12 @@ class Simulation:
         """When the run stops: the load's duration plus the drain."""
         return self.model.duration + self.model.drain
 
-    def run(self) -> Simulation:
-        """Schedule faults, load and sampling, then run to the end."""
+    def run(self, progress: Callable[[float], object] | None = None) -> Simulation:
+        """Schedule faults, load and sampling, then run to the end.
+
+        `progress`, when given, is called with the share of simulated time done (0 to 1)
+        after each hundredth of the run; the events and their order are the same.
+        """
         loop = self.loop
         for fault in self.model.faults:
             loop.at(fault.at, _apply_fault, (self, fault, True))
@@ -808,7 +814,12 @@ class Simulation:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            loop.run(self.end)
+            if progress is None:
+                loop.run(self.end)
+            else:
+                for step in range(1, _SLICES + 1):
+                    loop.run(self.end * step / _SLICES)
+                    progress(step / _SLICES)
         finally:
             if collecting:
                 gc.enable()
@@ -913,6 +924,11 @@ class _LoadRunner:
         self.schedule()
 
 
-def simulate(model: Model, seed: int) -> Simulation:
-    """Run `model` once with `seed` and return the finished simulation."""
-    return Simulation(model, seed).run()
+def simulate(
+    model: Model, seed: int, *, progress: Callable[[float], object] | None = None
+) -> Simulation:
+    """Run `model` once with `seed` and return the finished simulation.
+
+    `progress` is called with the share of simulated time done (see `Simulation.run`).
+    """
+    return Simulation(model, seed).run(progress)

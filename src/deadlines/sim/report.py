@@ -102,11 +102,14 @@ def plot(result: Result, path: Path) -> Path:
     except ImportError as exc:
         raise missing("deadlines sim --plot", "matplotlib", "sim") from exc
     variants = list(result.variants.values())
-    fig, axes = plt.subplots(len(variants), 3, figsize=(15, 3.2 * len(variants)), squeeze=False)
+    # A constrained layout keeps the figure's title clear of the first row's titles.
+    fig, axes = plt.subplots(
+        len(variants), 3, figsize=(15, 3.2 * len(variants)), squeeze=False, layout="constrained"
+    )
     for row, variant in zip(axes, variants, strict=True):
         _plot_variant(row, variant)
     fig.suptitle(f"{result.scenario} (seed {result.seed})")
-    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -121,8 +124,11 @@ def _plot_variant(row: Sequence[Any], v: VariantResult) -> None:
     in_flight.set_xlabel("s")
     in_flight.legend(loc="upper left", fontsize="small")
     for name, lat in series.latency.items():
-        latency.plot(lat["t_s"], lat["p50_ms"], label=f"{name} p50")
-        latency.plot(lat["t_s"], lat["p99_ms"], linestyle="--", label=f"{name} p99")
+        # A window or two (a single request) is no line: show its points.
+        marker = "o" if len(lat["t_s"]) < 3 else None
+        latency.plot(lat["t_s"], lat["p50_ms"], marker=marker, label=f"{name} p50")
+        latency.plot(lat["t_s"], lat["p99_ms"], marker=marker, linestyle="--", label=f"{name} p99")
+    latency.set_xlim(in_flight.get_xlim())  # the same time axis as the in-flight panel
     latency.set_title("latency seen by clients (ms)")
     latency.set_xlabel("s")
     latency.legend(loc="upper left", fontsize="small")

@@ -202,8 +202,9 @@ class Result:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     def write_json(self, path: str | Path) -> Path:
-        """Write `to_json` to `path` and return it."""
+        """Write `to_json` to `path` (missing parent directories are created); return it."""
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self.to_json() + "\n", encoding="utf-8")
         return path
 
@@ -214,7 +215,10 @@ class Result:
         return table(self)
 
     def plot(self, path: str | Path) -> Path:
-        """Draw in-flight, latency and queues over time to a PNG (needs matplotlib)."""
+        """Draw in-flight, latency and queues over time to a PNG (needs matplotlib).
+
+        Missing parent directories are created.
+        """
         from .report import plot
 
         return plot(self, Path(path))

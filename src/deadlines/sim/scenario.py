@@ -57,6 +57,8 @@ _UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "us": 1e-6}
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|us|s|m)?\s*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _LONGEST = 366 * 24 * 3600.0
+#: What a duration looks like, for error messages.
+EXPECTED = 'a duration with a unit (us, ms, s or m), like "300ms" or "2s", or seconds as a number'
 
 _TIMING_KEYS = ("duration", "drain", "sample", "window")
 _MODEL_KEYS = ("services", "load", "faults")
@@ -96,9 +98,17 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate a scenario file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except OSError as exc:
         raise ScenarioError(f"cannot read it: {exc.strerror or exc}", source=str(path)) from exc
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScenarioError(
+            f"cannot read it: expected UTF-8 text, got byte 0x{data[exc.start]:02x}"
+            f" at offset {exc.start}",
+            source=str(path),
+        ) from None
     return parse_scenario(text, source=str(path), default_name=path.stem)
 
 
@@ -539,13 +549,13 @@ def _duration(
             return math.inf
         match = _DURATION.match(text)
         if match is None:
-            raise _Invalid(key, f'expected a duration like "300ms", "2s" or 0.3, got {value!r}')
+            raise _Invalid(key, f"expected {EXPECTED}, got {value!r}")
         seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
     elif isinstance(value, int | float) and not isinstance(value, bool):
         seconds = float(value)
     else:
         extra = ' or "none"' if allow_none else ""
-        raise _Invalid(key, f'expected a duration like "300ms" or seconds{extra}, got {value!r}')
+        raise _Invalid(key, f"expected {EXPECTED}{extra}, got {value!r}")
     if not math.isfinite(seconds) or seconds < 0:
         raise _Invalid(key, f"must be a finite duration >= 0, got {value!r}")
     if seconds > _LONGEST:
