@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PREFIXES = ("outbound ", "inbound", "firing:", "cascade x10:", "memory per hung call:")
 
 
+@pytest.mark.timeout(600)  # every suite in turn: a few minutes on a loaded 2-core machine
 def test_quick_run_writes_every_row(tmp_path: Path) -> None:
     """A quick run exits 0, covers every suite, and reports finite figures for every row."""
     out = tmp_path / "bench.json"

@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.realtime, pytest.mark.slow]
 
 
+@pytest.mark.timeout(400)  # two clients, 20 s of load and 10 s of recovery each
 def test_the_quick_soak_holds_its_bounds(tmp_path: Path) -> None:
     """Both clients: nothing leaks under 20 s of overload, and recovery is at once."""
     out = tmp_path / "soak.json"

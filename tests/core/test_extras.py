@@ -52,6 +52,13 @@ CASES = {
     "httpx": Case("httpx", "import deadlines.httpx", "deadlines.httpx", "httpx", "httpx"),
     "httpcore": Case("httpcore", "import deadlines.httpx", "deadlines.httpx", "httpx", "httpx"),
     "anyio": Case("anyio", "import deadlines.httpx", "deadlines.httpx", "httpx", "httpx"),
+    "httpx2": Case("httpx2", "import deadlines.httpx2", "deadlines.httpx2", "httpx2", "httpx2"),
+    "httpcore2": Case(
+        "httpcore2", "import deadlines.httpx2", "deadlines.httpx2", "httpx2", "httpx2"
+    ),
+    "anyio (httpx2)": Case(
+        "anyio", "import deadlines.httpx2", "deadlines.httpx2", "httpx2", "httpx2"
+    ),
     "aiohttp": Case(
         "aiohttp", "import deadlines.aiohttp", "deadlines.aiohttp", "aiohttp", "aiohttp"
     ),

@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from llm_stream_server import Registry, serve
 
+from deadlines import Dependency
+
 
 @pytest.fixture(scope="session")
 def llm() -> Iterator[tuple[str, Registry]]:
@@ -33,18 +35,35 @@ async def httpx_client() -> AsyncIterator[object]:
         yield client
 
 
-@pytest.fixture
-async def openai_client(llm: tuple[str, Registry]) -> AsyncIterator[object]:
-    """The openai SDK pointed at the local endpoint: dummy key, no retries, no proxies."""
+#: The dependency the openai SDK's own client is bounded by, through deadlines.httpx2.
+LLM = Dependency("openai", connect=1.0, headers=10.0, idle=15.0, total=120.0)
+
+
+@pytest.fixture(params=["sdk", "deadlines"])
+async def openai_client(
+    llm: tuple[str, Registry], request: pytest.FixtureRequest
+) -> AsyncIterator[object]:
+    """The openai SDK pointed at the local endpoint: dummy key, no retries, no proxies.
+
+    Its HTTP client is the SDK's own, or `deadlines.httpx2.AsyncClient` (the SDK runs on
+    httpx2): the guard's behaviour must not depend on which.
+    """
     import openai
 
+    import deadlines.httpx2
+
     url, _ = llm
+    http_client = (
+        openai.DefaultAsyncHttpxClient(trust_env=False)
+        if request.param == "sdk"
+        else deadlines.httpx2.AsyncClient(LLM, trust_env=False)
+    )
     client = openai.AsyncOpenAI(
         base_url=f"{url}/v1",
         api_key="dummy",
         max_retries=0,
         timeout=10.0,
-        http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+        http_client=http_client,
     )
     async with client:
         yield client

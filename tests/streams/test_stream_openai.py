@@ -183,3 +183,40 @@ def test_failover_needs_a_provider() -> None:
 
     with pytest.raises(ValueError, match="at least one provider"):
         anyio.run(main)
+
+
+async def test_a_stream_that_never_ends_is_cut_at_its_total(
+    openai_client: Any, llm: Server, test_id: str
+) -> None:
+    """Tokens forever, each on time: only the total ends it, and the connection closes."""
+    started = time.monotonic()
+    chunks: list[Any] = []
+    with pytest.raises(deadlines.TotalTimeout):
+        async for chunk in streams.guard(
+            create(openai_client, "trickle", test_id), first=2, idle=2, total=0.6, name="openai"
+        ):
+            chunks.append(chunk)
+    assert 0.59 <= time.monotonic() - started <= 1.4
+    assert len(chunks) >= 3
+    assert await was_closed(llm, test_id)
+
+
+async def test_the_caller_leaving_closes_the_providers_stream(
+    openai_client: Any, llm: Server, test_id: str
+) -> None:
+    """The consuming task is cancelled mid-answer (its caller left): the stream is closed."""
+    chunks: list[Any] = []
+
+    async def consume() -> None:
+        async for chunk in streams.guard(
+            create(openai_client, "trickle", test_id), first=2, idle=2, total=10
+        ):
+            chunks.append(chunk)
+
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(consume)
+        with anyio.fail_after(5):
+            while len(chunks) < 2:
+                await anyio.sleep(0.01)
+        tasks.cancel_scope.cancel()
+    assert await was_closed(llm, test_id)

@@ -57,10 +57,20 @@ Layout: the async pool and transport (`_async/`) are written once; the blocking 
 
 from __future__ import annotations
 
+from ._async.bounded import AsyncBounded
 from ._async.client import AsyncClient
 from ._async.transport import AsyncTransport
 from ._messages import POOL_WAIT
+from ._sync.bounded import Bounded
 from ._sync.client import Client
 from ._sync.transport import Transport
 
-__all__ = ["POOL_WAIT", "AsyncClient", "AsyncTransport", "Client", "Transport"]
+__all__ = [
+    "POOL_WAIT",
+    "AsyncBounded",
+    "AsyncClient",
+    "AsyncTransport",
+    "Bounded",
+    "Client",
+    "Transport",
+]

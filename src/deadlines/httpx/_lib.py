@@ -10,3 +10,5 @@ try:
     import httpx as httpx
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     raise missing("deadlines.httpx", "httpx", "httpx") from exc
+
+__all__ = ["anyio", "httpcore", "httpx"]
