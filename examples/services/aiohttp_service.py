@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 
+import aiohttp
 from aiohttp import web
 
 import deadlines
@@ -24,11 +25,11 @@ import deadlines.fallback
 from deadlines.aiohttp_web import DeadlineMiddleware
 
 RECS = deadlines.Dependency("recs", connect=0.3, headers=0.3, total=0.5)
-SESSION = web.AppKey("session", deadlines.aiohttp.Session)
+SESSION = web.AppKey("session", aiohttp.ClientSession)
 
 
 @deadlines.fallback.returning([], limit=0.4)  # optional: the page renders without them
-async def recommendations(http: deadlines.aiohttp.Session, url: str) -> list[str]:
+async def recommendations(http: aiohttp.ClientSession, url: str) -> list[str]:
     """The recommendations, or [] if they are late."""
     async with http.get(url) as response:
         response.raise_for_status()

@@ -86,8 +86,8 @@ def aiohttp_instrumented(traces: Traces) -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("aiohttp_instrumented")
-async def test_aiohttp_client_spans_are_children_of_the_call_span(traces: Traces) -> None:
-    """aiohttp's CLIENT span nests in `deadlines.call`, which nests in the caller's span."""
+async def test_aiohttp_client_span_holds_the_call_span(traces: Traces) -> None:
+    """aiohttp's CLIENT span (its trace hooks) holds `deadlines.call` (its middleware)."""
     tracer = traces.provider.get_tracer("test")
     dep = Dependency("pricing", headers=0.3)
     with HealthyServer(body=b"42") as healthy, SilentServer() as silent:
@@ -104,18 +104,17 @@ async def test_aiohttp_client_spans_are_children_of_the_call_span(traces: Traces
     clients = [s for s in traces.spans() if s.kind is SpanKind.CLIENT]
     assert len(calls) == 2 and len(clients) == 2
     (hop,) = traces.named("GET /checkout")
-    assert {parent_of(c) for c in calls} == {span_id(hop)}
-    assert {parent_of(c) for c in clients} == {span_id(c) for c in calls}
+    assert {parent_of(c) for c in clients} == {span_id(hop)}
+    assert {parent_of(c) for c in calls} == {span_id(c) for c in clients}
     ok, failed = sorted(calls, key=lambda s: s.status.status_code is StatusCode.ERROR)
     assert ok.attributes is not None and failed.attributes is not None
     assert "error.type" not in ok.attributes
     assert failed.attributes["error.type"] == "deadlines.HeadersTimeout"
     assert failed.attributes["deadlines.phase"] == "headers"
-    for call in calls:  # the call's span lasts from before its CLIENT span to after it
-        (client,) = [c for c in clients if parent_of(c) == span_id(call)]
+    for call in calls:  # the CLIENT span lasts from before its call's span to the head
+        (client,) = [c for c in clients if parent_of(call) == span_id(c)]
         assert call.start_time is not None and client.start_time is not None
-        assert call.end_time is not None and client.end_time is not None
-        assert call.start_time <= client.start_time and client.end_time <= call.end_time
+        assert client.start_time <= call.start_time
 
 
 async def test_httpx_client_span_holds_one_call_span_per_attempt(traces: Traces) -> None:

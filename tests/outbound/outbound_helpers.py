@@ -7,7 +7,8 @@ import ipaddress
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
@@ -16,6 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+import deadlines
+from deadlines._events import CallFinished
 from deadlines.lab.defaults_clients import open_connections
 from deadlines.lab.servers import Connection, Server
 
@@ -127,3 +130,19 @@ class UploadStallServer(Server):
         """Hold the connection, unread, until the server stops."""
         while not self.stopping:
             time.sleep(0.02)
+
+
+@contextmanager
+def finished_events() -> Iterator[list[CallFinished]]:
+    """The CallFinished events reported while the block runs."""
+    seen: list[CallFinished] = []
+
+    def keep(event: object) -> None:
+        if isinstance(event, CallFinished):
+            seen.append(event)
+
+    unsubscribe = deadlines.observe(keep)
+    try:
+        yield seen
+    finally:
+        unsubscribe()

@@ -222,13 +222,20 @@ async def test_cancel_closes_the_socket_at_once(make: Callable[[], Server]) -> N
             assert await fds_back(baseline) == baseline
 
 
-async def test_options_the_dependency_decides_are_refused() -> None:
-    """timeout= and connector= are refused: the Dependency is the one source."""
-    with pytest.raises(TypeError, match="decided by the deadlines.Dependency"):
-        daiohttp.session(DEP, timeout=aiohttp.ClientTimeout(total=5))
-    async with daiohttp.session(DEP) as http:
-        with pytest.raises(TypeError, match="decided by the deadlines.Dependency"):
-            http.get("http://127.0.0.1:9", timeout=5)
+async def test_the_session_is_aiohttps_own_with_its_options() -> None:
+    """A plain aiohttp.ClientSession: connector options are taken, aiohttp's timeout too."""
+    with SilentServer() as server:
+        async with daiohttp.session(DEP, ssl=False, use_dns_cache=False) as http:
+            assert type(http) is aiohttp.ClientSession
+            assert isinstance(http.connector, aiohttp.TCPConnector)
+            assert http.connector.limit == DEP.pool_size
+            start = time.monotonic()
+            with pytest.raises(aiohttp.ServerTimeoutError):  # aiohttp's own, shorter
+                async with http.get(server.url, timeout=aiohttp.ClientTimeout(sock_read=0.1)):
+                    pass
+            assert time.monotonic() - start < DEP.headers
+    with pytest.raises(TypeError, match="deadlines.Dependency"):
+        daiohttp.session("pricing")  # type: ignore[arg-type]
 
 
 async def test_a_call_leaves_no_cyclic_garbage() -> None:

@@ -21,6 +21,7 @@ from outbound_helpers import fired_at
 import deadlines
 import deadlines.aiohttp as daiohttp
 from deadlines import ConnectTimeout, Dependency, PoolTimeout
+from deadlines.aiohttp._aiohttp import SEAMS
 from deadlines.lab.servers import BlackholeServer, HealthyServer, SlowServer
 
 pytestmark = [pytest.mark.realtime, pytest.mark.anyio]
@@ -33,6 +34,8 @@ def _parameters(function: object) -> list[str]:
 def test_the_connector_steps_we_override_keep_their_shape() -> None:
     """aiohttp's connect still calls the two private steps, with the arguments we pass on."""
     connector = aiohttp.BaseConnector
+    for name in SEAMS["BaseConnector"]:
+        assert hasattr(connector, name), name
     assert _parameters(connector.connect) == ["self", "req", "traces", "timeout"]
     assert _parameters(connector._create_connection) == ["self", "req", "traces", "timeout"]
     assert _parameters(aiohttp.TCPConnector._create_connection) == [
@@ -47,11 +50,22 @@ def test_the_connector_steps_we_override_keep_their_shape() -> None:
     assert "self._wait_for_available_connection(key, traces)" in source
 
 
+def test_the_protocols_read_timer_is_there() -> None:
+    """The body's idle timer is started through the connection's protocol, as pinned."""
+    from aiohttp.client_proto import ResponseHandler
+
+    for name in SEAMS["ResponseHandler"]:
+        assert hasattr(ResponseHandler, name), name
+    assert isinstance(inspect.getattr_static(ResponseHandler, "read_timeout"), property)
+    assert inspect.getattr_static(ResponseHandler, "read_timeout").fset is not None
+    assert _parameters(ResponseHandler.start_timeout) == ["self"]
+
+
 async def test_the_session_uses_no_trace_config() -> None:
     """Without the caller's own trace configs, aiohttp sends no trace events at all."""
     async with daiohttp.session(Dependency("t")) as session:
-        assert session.client.trace_configs == []
-        assert isinstance(session.client.connector, aiohttp.TCPConnector)
+        assert session.trace_configs == []
+        assert isinstance(session.connector, aiohttp.TCPConnector)
 
 
 async def test_a_new_connection_is_bounded_by_connect_not_pool_wait() -> None:

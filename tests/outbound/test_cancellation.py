@@ -217,9 +217,9 @@ def test_httpx_sync_interrupted_in_each_phase_leaks_nothing(phase: str, second: 
         assert len(pool.connections) == sockets_to(healthy.port) == 1
 
 
-def aiohttp_pool(session: daiohttp.Session) -> int:
+def aiohttp_pool(session: aiohttp.ClientSession) -> int:
     """Connections the aiohttp session's connector holds: in use and idle."""
-    connector: Any = session.client.connector
+    connector: Any = session.connector
     return len(connector._acquired) + sum(len(idle) for idle in connector._conns.values())
 
 

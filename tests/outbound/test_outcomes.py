@@ -11,22 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import aiohttp
 import anyio
 import httpx
 import pytest
-from outbound_helpers import UploadStallServer
+from outbound_helpers import UploadStallServer, finished_events
 
 import deadlines
 import deadlines.aiohttp as daiohttp
 import deadlines.httpx as dhttpx
 import deadlines.prometheus
 from deadlines import Dependency
-from deadlines._events import CallFinished
 from deadlines.lab.servers import (
     BlackholeServer,
     ResetServer,
@@ -80,19 +79,6 @@ CLIENT_TIMEOUT: dict[str, dict[str, type[Exception]]] = {
         "body": aiohttp.SocketTimeoutError,
     },
 }
-
-
-@contextmanager
-def finished_events() -> Iterator[list[CallFinished]]:
-    """The CallFinished events reported while the block runs."""
-    seen: list[CallFinished] = []
-    unsubscribe = deadlines.observe(
-        lambda e: seen.append(e) if isinstance(e, CallFinished) else None
-    )
-    try:
-        yield seen
-    finally:
-        unsubscribe()
 
 
 async def _httpx_async(url: str, seconds: float | None) -> None:

@@ -1,0 +1,133 @@
+"""`Middleware`: the aiohttp client middleware that bounds each request by a dependency."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .. import retry
+from .._dependency import Dependency
+from ..wire import HEADER
+from ._aiohttp import start_idle_timer
+from ._call import Call, current, translate
+from ._content import Content
+from ._lib import aiohttp
+from ._response import Response
+
+_SWITCHING_PROTOCOLS = 101  # a WebSocket's handshake: the call ends at the upgrade
+
+
+class Middleware:
+    """Bounds each request of an `aiohttp.ClientSession` by `dependency` and the deadline.
+
+    aiohttp's public seam: pass it first in the session's ``middlewares``, so that the
+    rest of the chain runs inside it. For every request it makes a call of the
+    dependency (`BudgetExhausted` below ``min_useful``), sends the time left onward,
+    keeps one timer over the phases up to the response head, bounds each body read by
+    the idle gap and the call's end, raises what runs out as ours and aiohttp's own
+    timeout, and retries by the dependency's rule.
+
+    With the session's connector ours (`deadlines.aiohttp.session`), every phase has its
+    own limit: pool, connect, headers. With a connector of the user's, the middleware
+    cannot see the phases: the head is awaited within the call's total and the
+    deadline, and the time left is sent as the request starts. With a response class
+    other than `Response` the call is reported when its head arrives.
+
+    `eager` starts the timer as the request enters the middleware, for sessions whose
+    inner middlewares or trace hooks can wait before a connection is asked for;
+    otherwise it starts only when something can wait (the pool, a connect).
+    """
+
+    def __init__(self, dependency: Dependency, *, own_connector: bool, eager: bool) -> None:
+        if not isinstance(dependency, Dependency):
+            raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
+        self.dependency = dependency
+        self._own_connector = own_connector
+        self._eager = eager or not own_connector
+
+    async def __call__(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        policy = self.dependency.retry
+        if policy is None:
+            return await self._attempt(request, handler)
+        return await retry.run_async(
+            lambda: self._attempt(request, handler),
+            policy=policy,
+            method=request.method,
+            idempotency_key="idempotency-key" in request.headers,
+            replayable=_replayable(request),
+            min_attempt=self.dependency.min_useful,
+            request_sent=_request_sent,
+            retry_response=lambda response: response.status in policy.statuses,
+            discard=_release,
+        )
+
+    async def _attempt(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> aiohttp.ClientResponse:
+        call = Call(self.dependency, asyncio.get_running_loop())  # BudgetExhausted: not sent
+        call.__enter__()
+        token = current.set(call)
+        try:
+            if not self._own_connector:  # the phases are out of sight: the head in the total
+                request.headers[HEADER] = call.header_ms()
+                call.request_sent = True
+                call.arm("total")
+            elif self._eager:
+                call.arm("pool")
+            # The guard, started by `arm`, is left here as ``async with`` would (two
+            # coroutines less per call): the head has arrived, or the call failed.
+            try:
+                response = await handler(request)
+            except BaseException as exc:
+                guard = call.guard
+                if guard is not None and guard.leave(type(exc)):
+                    raise call.error() from exc
+                if (
+                    isinstance(exc, TimeoutError)
+                    and (error := translate(call, guard, exc)) is not exc
+                ):
+                    raise error from exc
+                raise
+            if call.guard is not None:
+                call.guard.leave(None)
+        except BaseException as exc:
+            call.finish(exc)
+            raise
+        finally:
+            current.reset(token)
+            call.guard = None
+        return self._bounded(response, call)
+
+    def _bounded(self, response: aiohttp.ClientResponse, call: Call) -> aiohttp.ClientResponse:
+        """`response` with its body reads bounded, reporting its call's end when released."""
+        if response.status == _SWITCHING_PROTOCOLS or not isinstance(response, Response):
+            call.finish()  # a WebSocket's frames, or a response that cannot report its end
+        else:
+            response._deadlines_call = call
+        raw = response.content
+        if response.status != _SWITCHING_PROTOCOLS:
+            response.content = Content(raw, call, response)  # type: ignore[assignment]
+            if not raw.is_eof():
+                start_idle_timer(response, call.dependency.idle)
+        return response
+
+
+def _request_sent(exc: BaseException) -> bool | None:
+    """For retries: whether `exc` may have reached the server (None: do not retry)."""
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return False
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return True
+    return retry.request_sent(exc)
+
+
+def _replayable(request: aiohttp.ClientRequest) -> bool:
+    """Whether the request's body can be sent again (none, or bytes in memory)."""
+    body: Any = request.body
+    return body is None or isinstance(body, bytes | bytearray | aiohttp.payload.BytesPayload)
+
+
+async def _release(response: aiohttp.ClientResponse) -> None:
+    response.release()
