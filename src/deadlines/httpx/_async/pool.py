@@ -68,9 +68,10 @@ class AsyncPool:
         """
         origin = request.url.origin
         while True:
-            closing = self._check_out(call, origin)
             try:
-                await self.close_each(closing)
+                # Inside the try: whatever interrupts the checkout (blocking code can be
+                # interrupted anywhere), the connection it counted for the call goes back.
+                await self.close_each(self._check_out(call, origin))
                 head: httpcore.Response = await call.connection.handle_async_request(request)
                 return head
             except httpcore.ConnectionNotAvailable:
@@ -105,8 +106,8 @@ class AsyncPool:
                     closing.append(self._evict())
                 chosen = self._factory.create_connection(origin)
                 self._uses[chosen] = 0
+            call.connection = chosen  # first: a use counted is always the call's to give back
             self._uses[chosen] += 1
-            call.connection = chosen
         return closing
 
     def _evict(self) -> Any:

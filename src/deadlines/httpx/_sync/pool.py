@@ -69,9 +69,10 @@ class Pool:
         """
         origin = request.url.origin
         while True:
-            closing = self._check_out(call, origin)
             try:
-                self.close_each(closing)
+                # Inside the try: whatever interrupts the checkout (blocking code can be
+                # interrupted anywhere), the connection it counted for the call goes back.
+                self.close_each(self._check_out(call, origin))
                 head: httpcore.Response = call.connection.handle_request(request)
                 return head
             except httpcore.ConnectionNotAvailable:
@@ -106,8 +107,8 @@ class Pool:
                     closing.append(self._evict())
                 chosen = self._factory.create_connection(origin)
                 self._uses[chosen] = 0
+            call.connection = chosen  # first: a use counted is always the call's to give back
             self._uses[chosen] += 1
-            call.connection = chosen
         return closing
 
     def _evict(self) -> Any:
