@@ -155,17 +155,23 @@ class CallBudget:
         return format_ms(self.end - _clock.now())  # "0" once past
 
     def timeout(
-        self, which: Limit, *, request_sent: bool | None = None, phase: Phase | None = None
+        self,
+        which: Limit,
+        *,
+        request_sent: bool | None = None,
+        phase: Phase | None = None,
+        cap: float | None = None,
     ) -> DeadlineExceeded | CallTimeout:
         """The error for limit `which` running out, naming the limit that was binding.
 
         The phase is the one `which` bounds, unless `phase` says where the call was
-        when the total (or the deadline) ran out.
+        when the total (or the deadline) ran out. `cap` is a shorter cap than the
+        dependency's that bound it (a client's own per-operation timeout).
         """
         phase = _PHASE_OF[which] if phase is None else phase
         sent = (phase not in ("pool", "connect")) if request_sent is None else request_sent
         elapsed = _clock.now() - self.start
-        source = self.binding(which)
+        source = "cap" if cap is not None else self.binding(which)
         name = self.dependency.name
         if source == "deadline":
             return DeadlineExceeded(
@@ -185,7 +191,7 @@ class CallBudget:
                 request_sent=sent,
                 pool_wait=self.pool_wait,
             )
-        limit = getattr(self.dependency, _CAP_FIELD[which])
+        limit = getattr(self.dependency, _CAP_FIELD[which]) if cap is None else cap
         return _CAP_ERROR[which](
             limit=limit,
             elapsed=elapsed,

@@ -17,7 +17,7 @@ import anyio
 import httpx
 import pytest
 import respx
-from outbound_helpers import eventually, fired_at, write_self_signed
+from outbound_helpers import UploadStallServer, eventually, fired_at, write_self_signed
 from proxies import ProxyServer, Socks5Server, TLSServer
 
 import deadlines
@@ -278,3 +278,52 @@ async def test_a_socks5_proxy(no_env_proxies: pytest.MonkeyPatch) -> None:
                 await client.get(origin.url)
             assert fired_at(time.monotonic() - start, DEP.connect)
             assert caught.value.request_sent is False
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("url", ["invalid://example.org", "://example.org", "http://"])
+async def test_a_url_no_connection_can_serve_is_refused_as_httpx_does(url: str) -> None:
+    """A bad scheme or no host: httpx's UnsupportedProtocol or LocalProtocolError, at once."""
+    async with dhttpx.AsyncClient(DEP) as client:
+        with pytest.raises((httpx.UnsupportedProtocol, httpx.LocalProtocolError)):
+            await client.get(url)
+
+
+@pytest.mark.anyio
+async def test_httpx_read_and_write_timeouts_bound_each_operation() -> None:
+    """timeout=Timeout(None, write=0.2): a stalled upload is a write timeout at 0.2 s;
+    Timeout(None, read=0.2): the wait for the head is a read timeout at 0.2 s."""
+    with UploadStallServer() as stall, SilentServer() as silent:
+        async with dhttpx.AsyncClient(DEP) as client:
+            start = time.monotonic()
+            with pytest.raises(HeadersTimeout) as caught:
+                await client.post(
+                    stall.url, content=b"x" * (16 << 20), timeout=httpx.Timeout(None, write=0.2)
+                )
+            assert fired_at(time.monotonic() - start, 0.2)
+            assert isinstance(caught.value, httpx.WriteTimeout)
+            assert caught.value.limit == pytest.approx(0.2)
+            with pytest.raises(HeadersTimeout) as caught:
+                await client.get(silent.url, timeout=httpx.Timeout(None, read=0.2))
+            assert isinstance(caught.value, httpx.ReadTimeout)
+            assert caught.value.limit == pytest.approx(0.2)
+
+
+def test_a_wrapped_transport_is_entered_and_exited_with_the_client() -> None:
+    """The client's with-block enters and exits a transport of the user's, as httpx's does."""
+    events: list[str] = []
+
+    class Mine(httpx.BaseTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            return httpx.Response(204)
+
+        def __enter__(self) -> Mine:
+            events.append("enter")
+            return self
+
+        def __exit__(self, *exc_info: object) -> None:
+            events.append("exit")
+
+    with dhttpx.Client(DEP, transport=Mine()) as client:
+        assert client.get("http://mine/").status_code == 204
+    assert events == ["enter", "exit"]

@@ -70,7 +70,9 @@ class AsyncStream(httpcore.AsyncNetworkStream):
             with anyio.CancelScope(shield=True):
                 await self._inner.write(buffer, _shared_write_timeout(call))
             return
-        await self._inner.write(buffer, timeout if call is None else call.io_timeout())
+        if call is not None:
+            timeout = call.io_timeout(writing=True)
+        await self._inner.write(buffer, timeout)
 
     async def aclose(self) -> None:
         self.closed = True
@@ -175,7 +177,7 @@ class Stream(httpcore.NetworkStream):
             self._inner.write(buffer, _shared_write_timeout(call))
             return
         if call is not None:
-            timeout = _sync_timeout(call.io_timeout())
+            timeout = _sync_timeout(call.io_timeout(writing=True))
         self._inner.write(buffer, timeout)
 
     def close(self) -> None:

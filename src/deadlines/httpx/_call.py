@@ -37,13 +37,16 @@ class Call:
         "headers",
         "headers_end",
         "limit",
+        "op_cap",
         "opened",
         "phase",
         "proxied",
+        "read_cap",
         "request_sent",
         "scope",
         "stream",
         "stream_id",
+        "write_cap",
     )
 
     def __init__(self, budget: CallBudget) -> None:
@@ -64,6 +67,12 @@ class Call:
         #: handshake) is part of connecting: only the trace hook's send event, for a
         #: request that is not a CONNECT, begins the headers window.
         self.proxied = False
+        #: httpx's own read and write timeouts (``timeout=``): each read or write of the
+        #: request and its head is bounded by them too, as httpx bounds it.
+        self.read_cap: float | None = None
+        self.write_cap: float | None = None
+        #: The per-operation cap that bounds the operation in progress, if it is shorter.
+        self.op_cap: float | None = None
         #: HTTP/2: the shared connection's stream and this request's stream id on it.
         self.stream: Any = None
         self.stream_id: int | None = None
@@ -99,15 +108,25 @@ class Call:
         """The response headers arrived; from now on each read is an idle gap."""
         self.phase, self.limit = "body", "idle"
 
-    def io_timeout(self) -> float:
-        """Timeout for one read or write: the headers window, or an idle gap in the body."""
+    def io_timeout(self, *, writing: bool = False) -> float:
+        """Timeout for one read or write: the headers window, or an idle gap in the body.
+
+        In the headers window a read (or write) is also bounded by httpx's own read (or
+        write) timeout, where that is shorter.
+        """
         if self.phase in ("pool", "connect"):
             if self.proxied and self.phase == "connect":  # still reaching the origin
                 return self.connect_left()
             self.begin_headers()
+        self.op_cap = None
         if self.phase == "headers":
             self.limit = "headers"
-            return max(0.0, self.headers_end - _clock.now())
+            left = max(0.0, self.headers_end - _clock.now())
+            cap = self.write_cap if writing else self.read_cap
+            if cap is not None and cap < left:
+                self.op_cap = cap
+                return cap
+            return left
         self.limit = "idle"
         return self.budget.limit("idle")
 
@@ -118,7 +137,9 @@ class Call:
         one, else that of the phase the limit cut: pool, connect, or a read. `phase`
         says where the call was, when the limit is the total.
         """
-        error = self.budget.timeout(self.limit, request_sent=self.request_sent, phase=phase)
+        error = self.budget.timeout(
+            self.limit, request_sent=self.request_sent, phase=phase, cap=self.op_cap
+        )
         theirs = _HTTPX_TIMEOUTS.get(type(cause)) if cause is not None else None
         return also(error, theirs or _PHASE_TIMEOUTS[error.phase or "body"])
 

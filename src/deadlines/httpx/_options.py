@@ -32,9 +32,9 @@ def narrowed(dependency: Dependency, timeout: Mapping[str, float | None] | None)
     """`dependency` with its caps lowered by an httpx timeout, where that is shorter.
 
     httpx's ``timeout=`` (the client's, or a request's) is a cap like the dependency's:
-    connect caps the connect window, read the wait for the head and each silence in
-    the body, pool the wait for a place. Its write timeout is not separate here: the
-    request is sent inside the headers window.
+    connect caps the connect window, pool the wait for a place, read each silence in
+    the body. Reads and writes of the request and its head are capped one by one
+    (`Call.read_cap`, `Call.write_cap`), as httpx caps them.
     """
     if not timeout:
         return dependency
@@ -48,12 +48,10 @@ def _narrowed(
     def lower(cap: float, given: float | None) -> float:
         return cap if given is None else max(min(cap, given), 1e-6)
 
-    connect_cap = lower(dependency.connect, connect)
-    headers, idle = lower(dependency.headers, read), lower(dependency.idle, read)
+    connect_cap, idle = lower(dependency.connect, connect), lower(dependency.idle, read)
     pool_wait = dependency.pool_wait if pool is None else min(dependency.pool_wait, pool)
-    if (connect_cap, headers, idle, pool_wait) == (
+    if (connect_cap, idle, pool_wait) == (
         dependency.connect,
-        dependency.headers,
         dependency.idle,
         dependency.pool_wait,
     ):
@@ -61,7 +59,7 @@ def _narrowed(
     return Dependency(
         dependency.name,
         connect=connect_cap,
-        headers=headers,
+        headers=dependency.headers,
         idle=idle,
         total=dependency.total,
         pool_size=dependency.pool_size,
@@ -69,6 +67,21 @@ def _narrowed(
         min_useful=dependency.min_useful,
         retry=dependency.retry,
     )
+
+
+def check_url(request: httpx.Request) -> None:
+    """Refuse a URL no connection can serve, as httpcore's own pool does, before anything."""
+    scheme = request.url.scheme
+    if scheme == "":
+        raise httpx.UnsupportedProtocol(
+            "Request URL is missing an 'http://' or 'https://' protocol.", request=request
+        )
+    if scheme not in ("http", "https", "ws", "wss"):
+        raise httpx.UnsupportedProtocol(
+            f"Request URL has an unsupported protocol '{scheme}://'.", request=request
+        )
+    if not request.url.host:
+        raise httpx.LocalProtocolError("Request URL has no host.", request=request)
 
 
 def factory_options(

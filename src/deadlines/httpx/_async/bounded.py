@@ -70,6 +70,13 @@ class AsyncBounded(httpx.AsyncBaseTransport):
             return await self.transport.handle_async_request(request)
         raise call.error(phase="headers")  # only when our own window fired
 
+    async def __aenter__(self) -> AsyncBounded:
+        await self.transport.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.transport.__aexit__(*exc_info)
+
     async def aclose(self) -> None:
         """Close the wrapped transport."""
         await self.transport.aclose()

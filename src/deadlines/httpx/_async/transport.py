@@ -19,6 +19,7 @@ from .._messages import core_request, response
 from .._options import (
     as_proxy,
     check_dependency,
+    check_url,
     factory_options,
     narrowed,
     pool_size,
@@ -121,7 +122,11 @@ class AsyncTransport(httpx.AsyncBaseTransport):
         )
 
     async def _attempt(self, request: httpx.Request) -> httpx.Response:
-        call = start(narrowed(self.dependency, request.extensions.get("timeout")))
+        check_url(request)
+        timeout = request.extensions.get("timeout")
+        call = start(narrowed(self.dependency, timeout))
+        if timeout:
+            call.read_cap, call.write_cap = timeout.get("read"), timeout.get("write")
         call.proxied = self._proxied
         token = current.set(call)
         admitted = False

@@ -71,6 +71,13 @@ class Bounded(httpx.BaseTransport):
             return self.transport.handle_request(request)
         raise call.error(phase="headers")  # only when our own window fired
 
+    def __enter__(self) -> Bounded:
+        self.transport.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.transport.__exit__(*exc_info)
+
     def close(self) -> None:
         """Close the wrapped transport."""
         self.transport.close()

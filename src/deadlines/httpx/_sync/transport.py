@@ -20,6 +20,7 @@ from .._messages import core_request, response
 from .._options import (
     as_proxy,
     check_dependency,
+    check_url,
     factory_options,
     narrowed,
     pool_size,
@@ -122,7 +123,11 @@ class Transport(httpx.BaseTransport):
         )
 
     def _attempt(self, request: httpx.Request) -> httpx.Response:
-        call = start(narrowed(self.dependency, request.extensions.get("timeout")))
+        check_url(request)
+        timeout = request.extensions.get("timeout")
+        call = start(narrowed(self.dependency, timeout))
+        if timeout:
+            call.read_cap, call.write_cap = timeout.get("read"), timeout.get("write")
         call.proxied = self._proxied
         token = current.set(call)
         admitted = False
