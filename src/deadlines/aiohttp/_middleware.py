@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 from .. import retry
@@ -45,12 +46,19 @@ class Middleware:
         self._own_connector = own_connector
         self._eager = eager or not own_connector
 
-    async def __call__(
+    def __call__(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
+        # Returns the attempt's coroutine rather than being one: one coroutine less.
+        if self.dependency.retry is None:
+            return self._attempt(request, handler)
+        return self._with_retries(request, handler)
+
+    async def _with_retries(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
     ) -> aiohttp.ClientResponse:
         policy = self.dependency.retry
-        if policy is None:
-            return await self._attempt(request, handler)
+        assert policy is not None
         return await retry.run_async(
             lambda: self._attempt(request, handler),
             policy=policy,
@@ -98,19 +106,18 @@ class Middleware:
         finally:
             current.reset(token)
             call.guard = None
-        return self._bounded(response, call)
-
-    def _bounded(self, response: aiohttp.ClientResponse, call: Call) -> aiohttp.ClientResponse:
-        """`response` with its body reads bounded, reporting its call's end when released."""
-        if response.status == _SWITCHING_PROTOCOLS or not isinstance(response, Response):
-            call.finish()  # a WebSocket's frames, or a response that cannot report its end
-        else:
+        if response.status == _SWITCHING_PROTOCOLS:  # a WebSocket's: its frames are its own
+            call.finish()
+            return response
+        # The body's reads bounded; the call's end reported when the response is released.
+        if isinstance(response, Response):
             response._deadlines_call = call
+        else:
+            call.finish()  # a response class that cannot report its end: at the head
         raw = response.content
-        if response.status != _SWITCHING_PROTOCOLS:
-            response.content = Content(raw, call, response)  # type: ignore[assignment]
-            if not raw.is_eof():
-                start_idle_timer(response, call.dependency.idle)
+        response.content = Content(raw, call, response)  # type: ignore[assignment]
+        if not raw.is_eof():
+            start_idle_timer(response, call.dependency.idle)
         return response
 
 
