@@ -9,10 +9,13 @@ fired.
 from __future__ import annotations
 
 import contextvars
+import functools
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from .. import _clock
 from .._budget import CallBudget, Limit
+from .._dependency import Dependency
 from .._errors import also
 from ..wire import HEADER
 from ._lib import anyio, httpcore, httpx
@@ -192,11 +195,60 @@ def set_header(headers: list[tuple[bytes, bytes]], value: bytes) -> None:
             headers[i] = (key, value)
 
 
-def start(dependency: Any) -> Call:
-    """A new attempt, reported to observers (`BudgetExhausted` here: nothing was sent)."""
-    call = Call(CallBudget(dependency))
+def start(
+    dependency: Dependency, timeout: Mapping[str, float | None] | None, *, proxied: bool = False
+) -> Call:
+    """A new attempt under `dependency` and the request's httpx `timeout`, if any.
+
+    Reported to observers (`BudgetExhausted` here: nothing was sent).
+    """
+    call = Call(CallBudget(narrowed(dependency, timeout)))
+    if timeout:
+        call.read_cap, call.write_cap = timeout.get("read"), timeout.get("write")
+    call.proxied = proxied
     call.budget.__enter__()
     return call
+
+
+def narrowed(dependency: Dependency, timeout: Mapping[str, float | None] | None) -> Dependency:
+    """`dependency` with its caps lowered by an httpx timeout, where that is shorter.
+
+    httpx's ``timeout=`` (the client's, or a request's) is a cap like the dependency's:
+    connect caps the connect window, pool the wait for a place, read each silence in
+    the body. Reads and writes of the request and its head are capped one by one
+    (`Call.read_cap`, `Call.write_cap`), as httpx caps them.
+    """
+    if not timeout:
+        return dependency
+    return _narrowed(dependency, timeout.get("connect"), timeout.get("read"), timeout.get("pool"))
+
+
+@functools.lru_cache(maxsize=64)
+def _narrowed(
+    dependency: Dependency, connect: float | None, read: float | None, pool: float | None
+) -> Dependency:
+    def lower(cap: float, given: float | None) -> float:
+        return cap if given is None else max(min(cap, given), 1e-6)
+
+    connect_cap, idle = lower(dependency.connect, connect), lower(dependency.idle, read)
+    pool_wait = dependency.pool_wait if pool is None else min(dependency.pool_wait, pool)
+    if (connect_cap, idle, pool_wait) == (
+        dependency.connect,
+        dependency.idle,
+        dependency.pool_wait,
+    ):
+        return dependency
+    return Dependency(
+        dependency.name,
+        connect=connect_cap,
+        headers=dependency.headers,
+        idle=idle,
+        total=dependency.total,
+        pool_size=dependency.pool_size,
+        pool_wait=pool_wait,
+        min_useful=dependency.min_useful,
+        retry=dependency.retry,
+    )
 
 
 current: contextvars.ContextVar[Call | None] = contextvars.ContextVar(

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import ssl
-from collections.abc import Mapping
 from typing import Any
 
 from .._dependency import Dependency
@@ -26,47 +24,6 @@ def pool_size(dependency: Dependency, limits: httpx.Limits) -> int:
     """Connections and calls at once: the dependency's pool, or fewer if `limits` says so."""
     most = limits.max_connections
     return dependency.pool_size if most is None else max(1, min(dependency.pool_size, most))
-
-
-def narrowed(dependency: Dependency, timeout: Mapping[str, float | None] | None) -> Dependency:
-    """`dependency` with its caps lowered by an httpx timeout, where that is shorter.
-
-    httpx's ``timeout=`` (the client's, or a request's) is a cap like the dependency's:
-    connect caps the connect window, pool the wait for a place, read each silence in
-    the body. Reads and writes of the request and its head are capped one by one
-    (`Call.read_cap`, `Call.write_cap`), as httpx caps them.
-    """
-    if not timeout:
-        return dependency
-    return _narrowed(dependency, timeout.get("connect"), timeout.get("read"), timeout.get("pool"))
-
-
-@functools.lru_cache(maxsize=64)
-def _narrowed(
-    dependency: Dependency, connect: float | None, read: float | None, pool: float | None
-) -> Dependency:
-    def lower(cap: float, given: float | None) -> float:
-        return cap if given is None else max(min(cap, given), 1e-6)
-
-    connect_cap, idle = lower(dependency.connect, connect), lower(dependency.idle, read)
-    pool_wait = dependency.pool_wait if pool is None else min(dependency.pool_wait, pool)
-    if (connect_cap, idle, pool_wait) == (
-        dependency.connect,
-        dependency.idle,
-        dependency.pool_wait,
-    ):
-        return dependency
-    return Dependency(
-        dependency.name,
-        connect=connect_cap,
-        headers=dependency.headers,
-        idle=idle,
-        total=dependency.total,
-        pool_size=dependency.pool_size,
-        pool_wait=pool_wait,
-        min_useful=dependency.min_useful,
-        retry=dependency.retry,
-    )
 
 
 def check_url(request: httpx.Request) -> None:

@@ -10,7 +10,7 @@ from ..._dependency import Dependency
 from ...wire import HEADER
 from .._call import Call, start
 from .._lib import httpx
-from .._options import narrowed, retry_options
+from .._options import retry_options
 from .._primitives import AsyncWindow
 
 
@@ -47,7 +47,7 @@ class AsyncBounded(httpx.AsyncBaseTransport):
         )
 
     async def _attempt(self, request: httpx.Request) -> httpx.Response:
-        call = start(narrowed(self.dependency, request.extensions.get("timeout")))
+        call = start(self.dependency, request.extensions.get("timeout"))
         try:
             request.headers[HEADER] = call.budget.header_ms()
             left = call.budget.limit("total")

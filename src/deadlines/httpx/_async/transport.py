@@ -21,7 +21,6 @@ from .._options import (
     check_dependency,
     check_url,
     factory_options,
-    narrowed,
     pool_size,
     proxy_kind,
     retry_options,
@@ -123,11 +122,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
 
     async def _attempt(self, request: httpx.Request) -> httpx.Response:
         check_url(request)
-        timeout = request.extensions.get("timeout")
-        call = start(narrowed(self.dependency, timeout))
-        if timeout:
-            call.read_cap, call.write_cap = timeout.get("read"), timeout.get("write")
-        call.proxied = self._proxied
+        call = start(self.dependency, request.extensions.get("timeout"), proxied=self._proxied)
         token = current.set(call)
         admitted = False
         core = None
