@@ -40,6 +40,8 @@ RULES = [
     (r"\babandon_async\b", "abandon_sync"),
     (r"\brun_async\b", "run_sync"),
     (r"\bAsync([A-Z]\w*)", r"\1"),
+    (r"\bAwaitable\[([\w.]+)\]", r"\1"),
+    (r"^(from collections\.abc import .*)\bAwaitable, ", r"\1"),
 ]
 _COMPILED = [(re.compile(pattern), replacement) for pattern, replacement in RULES]
 
@@ -56,11 +58,18 @@ def unasync(source: str, name: str) -> str:
 
 
 def _format(text: str, name: str) -> str:
+    """`text` with its imports sorted and formatted, as ruff leaves the project's code."""
+    for step in (["check", "--select", "I", "--fix", "--quiet"], ["format"]):
+        text = _ruff(step, text, name)
+    return text
+
+
+def _ruff(step: list[str], text: str, name: str) -> str:
     target = PACKAGE / "_sync" / name  # ruff finds the project's settings from it
-    command = [sys.executable, "-m", "ruff", "format", "--stdin-filename", str(target), "-"]
+    command = [sys.executable, "-m", "ruff", *step, "--stdin-filename", str(target), "-"]
     done = subprocess.run(command, input=text, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise SystemExit(f"ruff format failed on _sync/{name}: {done.stderr.strip()}")
+        raise SystemExit(f"ruff {step[0]} failed on _sync/{name}: {done.stderr.strip()}")
     return done.stdout
 
 

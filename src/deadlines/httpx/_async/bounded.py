@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ... import retry
 from ..._dependency import Dependency
 from ...wire import HEADER
 from .._call import Call, start
 from .._lib import httpx
-from .._options import retry_options
 from .._primitives import AsyncWindow
+from .transport import with_retries
 
 
 class AsyncBounded(httpx.AsyncBaseTransport):
@@ -36,15 +35,7 @@ class AsyncBounded(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request` through the wrapped transport, inside the budget."""
-        policy = self.dependency.retry
-        if policy is None:
-            return await self._attempt(request)
-        return await retry.run_async(
-            lambda: self._attempt(request),
-            retry_response=lambda answer: answer.status_code in policy.statuses,
-            discard=_aclose_response,
-            **retry_options(self.dependency, request),
-        )
+        return await with_retries(self.dependency, self._attempt, request)
 
     async def _attempt(self, request: httpx.Request) -> httpx.Response:
         call = start(self.dependency, request.extensions.get("timeout"))
@@ -80,10 +71,6 @@ class AsyncBounded(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         """Close the wrapped transport."""
         await self.transport.aclose()
-
-
-async def _aclose_response(answer: httpx.Response) -> None:
-    await answer.aclose()
 
 
 def _within(timeout: Any, left: float) -> dict[str, float | None]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ssl
 import typing
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ... import retry
@@ -110,15 +110,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request` inside the budget, retrying by ``dependency.retry`` if set."""
-        policy = self.dependency.retry
-        if policy is None:
-            return await self._attempt(request)
-        return await retry.run_async(
-            lambda: self._attempt(request),
-            retry_response=lambda answer: answer.status_code in policy.statuses,
-            discard=_aclose_response,
-            **retry_options(self.dependency, request),
-        )
+        return await with_retries(self.dependency, self._attempt, request)
 
     async def _attempt(self, request: httpx.Request) -> httpx.Response:
         check_url(request)
@@ -177,6 +169,23 @@ class AsyncTransport(httpx.AsyncBaseTransport):
     async def aclose(self) -> None:
         """Close every pooled connection."""
         await self._pool.aclose()
+
+
+async def with_retries(
+    dependency: Dependency,
+    attempt: Callable[[httpx.Request], Awaitable[httpx.Response]],
+    request: httpx.Request,
+) -> httpx.Response:
+    """`attempt(request)`, retried by ``dependency.retry`` (once, without one)."""
+    policy = dependency.retry
+    if policy is None:
+        return await attempt(request)
+    return await retry.run_async(
+        lambda: attempt(request),
+        retry_response=lambda answer: answer.status_code in policy.statuses,
+        discard=_aclose_response,
+        **retry_options(dependency, request),
+    )
 
 
 async def _aclose_response(answer: httpx.Response) -> None:

@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ... import retry
 from ..._dependency import Dependency
 from ...wire import HEADER
 from .._call import Call, start
 from .._lib import httpx
-from .._options import retry_options
 from .._primitives import Window
+from .transport import with_retries
 
 
 class Bounded(httpx.BaseTransport):
@@ -37,15 +36,7 @@ class Bounded(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request` through the wrapped transport, inside the budget."""
-        policy = self.dependency.retry
-        if policy is None:
-            return self._attempt(request)
-        return retry.run_sync(
-            lambda: self._attempt(request),
-            retry_response=lambda answer: answer.status_code in policy.statuses,
-            discard=_close_response,
-            **retry_options(self.dependency, request),
-        )
+        return with_retries(self.dependency, self._attempt, request)
 
     def _attempt(self, request: httpx.Request) -> httpx.Response:
         call = start(self.dependency, request.extensions.get("timeout"))
@@ -81,10 +72,6 @@ class Bounded(httpx.BaseTransport):
     def close(self) -> None:
         """Close the wrapped transport."""
         self.transport.close()
-
-
-def _close_response(answer: httpx.Response) -> None:
-    answer.close()
 
 
 def _within(timeout: Any, left: float) -> dict[str, float | None]:

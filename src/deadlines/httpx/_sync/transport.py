@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ssl
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ... import retry
@@ -111,15 +111,7 @@ class Transport(httpx.BaseTransport):
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         """Send `request` inside the budget, retrying by ``dependency.retry`` if set."""
-        policy = self.dependency.retry
-        if policy is None:
-            return self._attempt(request)
-        return retry.run_sync(
-            lambda: self._attempt(request),
-            retry_response=lambda answer: answer.status_code in policy.statuses,
-            discard=_close_response,
-            **retry_options(self.dependency, request),
-        )
+        return with_retries(self.dependency, self._attempt, request)
 
     def _attempt(self, request: httpx.Request) -> httpx.Response:
         check_url(request)
@@ -178,6 +170,23 @@ class Transport(httpx.BaseTransport):
     def close(self) -> None:
         """Close every pooled connection."""
         self._pool.close()
+
+
+def with_retries(
+    dependency: Dependency,
+    attempt: Callable[[httpx.Request], httpx.Response],
+    request: httpx.Request,
+) -> httpx.Response:
+    """`attempt(request)`, retried by ``dependency.retry`` (once, without one)."""
+    policy = dependency.retry
+    if policy is None:
+        return attempt(request)
+    return retry.run_sync(
+        lambda: attempt(request),
+        retry_response=lambda answer: answer.status_code in policy.statuses,
+        discard=_close_response,
+        **retry_options(dependency, request),
+    )
 
 
 def _close_response(answer: httpx.Response) -> None:
