@@ -89,6 +89,20 @@ async def test_limits_can_lower_the_pool_size() -> None:
 
 
 @pytest.mark.anyio
+async def test_without_limits_the_pool_size_is_the_dependencys() -> None:
+    """No limits=: httpx's default (100 connections) caps nothing; 150 calls hang at once."""
+    dep = Dependency("wide", headers=5.0, total=5.0, pool_size=150, pool_wait=0.1)
+    with SilentServer() as server:
+        async with dhttpx.AsyncClient(dep) as client:
+            calls = [asyncio.create_task(client.get(server.url)) for _ in range(150)]
+            assert await eventually(lambda: server.opened == 150, timeout=4.0), server.opened
+            assert not any(call.done() for call in calls)  # no PoolTimeout at the 101st
+            for call in calls:
+                call.cancel()
+            await asyncio.gather(*calls, return_exceptions=True)
+
+
+@pytest.mark.anyio
 async def test_no_keepalive_closes_each_connection_after_its_call() -> None:
     """limits=Limits(max_keepalive_connections=0): nothing is kept idle."""
     with HealthyServer() as server:

@@ -24,7 +24,8 @@ class AsyncClient(TransportHooks, httpx.AsyncClient):
       `AsyncBounded`: the deadline header, the call inside the deadline and the
       dependency's total, errors typed; the per-phase caps need a transport of ours;
     * ``timeout=`` (unset by default) lowers the dependency's caps where it is shorter;
-      ``limits=`` can lower its pool size and sets the keep-alive.
+      ``limits=`` can lower its pool size and sets the keep-alive (unset, the pool
+      keeps up to ``pool_size`` connections alive, for up to 5 s idle).
     """
 
     def __init__(self, dependency: Dependency, **kwargs: Any) -> None:
@@ -33,6 +34,8 @@ class AsyncClient(TransportHooks, httpx.AsyncClient):
         self._transport_options = {k: kwargs.pop(k) for k in TRANSPORT_ONLY if k in kwargs}
         self._shared_gate: Any = None
         kwargs.setdefault("timeout", None)  # the dependency's caps alone, unless given
+        # httpx's default (100 connections, 20 kept) would cap a larger pool_size unasked
+        kwargs.setdefault("limits", httpx.Limits())
         mounts = kwargs.get("mounts")
         if mounts:
             kwargs["mounts"] = {
