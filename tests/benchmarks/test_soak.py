@@ -5,8 +5,8 @@ client, a dependency that never answers, open-loop load at 200 requests per seco
 and holds its bounds: no socket above the pool, none left a second after the load
 stops, no descriptor leaked, every request answered, full goodput within 2 s of the
 dependency healing, memory flat. Requests in flight are held to Little's bound by
-their median: on a loaded machine the load generator starts late and catches up in a
-burst, and one sample then counts the burst (the benchmark reports the maximum).
+their median, as the benchmark holds them: on a loaded machine the load generator
+starts late and catches up in a burst, and one sample then counts the burst.
 """
 
 from __future__ import annotations
@@ -47,5 +47,5 @@ def test_the_quick_soak_holds_its_bounds(tmp_path: Path) -> None:
             row = rows[f"soak {client}: {figure}"]
             assert row["passed"], (row["name"], row["value"], row["bound"], proc.stdout[-3000:])
         in_flight = rows[f"soak {client}: in flight"]
-        assert in_flight["value"]["p50"] <= in_flight["bound"], in_flight["value"]
+        assert in_flight["passed"], in_flight["value"]  # held by its median (see above)
         assert in_flight["notes"]["statuses"].get("504", 0) > 0
