@@ -79,6 +79,7 @@ class CallBudget:
         "_finished",
         "_frame",
         "_guarded",
+        "_learns",
         "_overloaded",
         "_sources",
         "budget",
@@ -134,11 +135,15 @@ class CallBudget:
             raise exc
         # The dependency's overload guards, if any: a place under the adaptive limit,
         # the throttle's draw. Refused: nothing started, CallRefused.
-        self._guarded = dependency.limit is not None or dependency.throttle is not None
-        self._answered_at: float | None = None
-        self._overloaded = False
-        if self._guarded:
-            self._admit()
+        guarded = dependency.limit is not None or dependency.throttle is not None
+        self._guarded = guarded
+        #: Whether anything learns from the call's outcome (the guards, a hedge).
+        self._learns = learns = guarded or dependency.hedge is not None
+        if learns:
+            self._answered_at: float | None = None
+            self._overloaded = False
+            if guarded:
+                self._admit()
 
     def _admit(self) -> None:
         dependency = self.dependency
@@ -163,7 +168,7 @@ class CallBudget:
         the adaptive limit and the hedge learn from; a status in `OVERLOAD_STATUSES`
         (429, 503) says the dependency refused the call for overload.
         """
-        if self._guarded or self.dependency.hedge is not None:
+        if self._learns:
             self._answered_at = _clock.now()
             self._overloaded = status in OVERLOAD_STATUSES
 
@@ -262,8 +267,8 @@ class CallBudget:
         self._finished = True
         cancelled = error is not None and _is_cancellation(error)
         cut = cancelled and self._note_cut()
-        if self._guarded or self.dependency.hedge is not None:
-            self._learn(error, cancelled)
+        if self._learns:
+            self._learn(error, cancelled and not cut)
         if not _events._observers:
             return
         outcome: _events.CallOutcome
@@ -302,8 +307,8 @@ class CallBudget:
     def _learn(self, error: BaseException | None, cancelled: bool) -> None:
         """Tell the dependency's guards how the call went: its latency, or that it failed.
 
-        A call cancelled before its answer (its caller left, another hedge won) says
-        nothing about the dependency: no sample.
+        A call cancelled before its answer (its caller left, another hedge won), not by
+        the request's deadline, says nothing about the dependency: no sample.
         """
         dependency = self.dependency
         answered = self._answered_at

@@ -1,8 +1,9 @@
 """`AdaptiveLimit`: a concurrency limit that follows the dependency's latency (a gradient).
 
-After Netflix's concurrency-limits (Gradient2) and Envoy's adaptive concurrency: the
-limit grows while latency stays near its long-run level and shrinks, in proportion,
-when latency rises (queueing somewhere downstream), or when calls fail.
+After Envoy's adaptive concurrency and Netflix's concurrency-limits (Gradient): the
+limit grows while latency stays near the dependency's unloaded latency and shrinks, in
+proportion, as latency rises above it (queueing somewhere downstream), or when calls
+fail.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ class AdaptiveLimit:
     Each call that ends brings a sample: its latency to the response head, or none
     when it timed out, failed or was refused for overload. From the samples:
 
-    * a long-run latency, an average over about `long_window` samples;
-    * gradient = ``clamp(tolerance * long_run / sample, 0.5, 1)``: 1 while the sample
-      stays within `tolerance` times the long-run latency, less as it rises above;
+    * the unloaded latency: the smallest of the last `baseline_window` to
+      2 × `baseline_window` samples (so that it follows a dependency that got slower);
+    * gradient = ``clamp(tolerance * unloaded / sample, 0.5, 1)``: 1 while the sample
+      stays within `tolerance` times the unloaded latency, less as it rises above;
     * new limit = ``limit * gradient + sqrt(limit)`` (room to grow), smoothed by
       `smoothing`, within [`min_limit`, `max_limit`]; a call that failed cuts the
       limit by 10 %. While fewer than half the places are used, the limit stays put:
@@ -35,11 +37,13 @@ class AdaptiveLimit:
     """
 
     __slots__ = (
+        "_count",
         "_limit",
         "_lock",
-        "_long",
+        "_lowest",
+        "_lowest_before",
+        "baseline_window",
         "in_flight",
-        "long_window",
         "max_limit",
         "min_limit",
         "smoothing",
@@ -54,7 +58,7 @@ class AdaptiveLimit:
         max_limit: int = 1000,
         tolerance: float = 1.5,
         smoothing: float = 0.2,
-        long_window: int = 600,
+        baseline_window: int = 500,
     ) -> None:
         self.min_limit = _validate.count(min_limit, "min_limit", high=100_000)
         self.max_limit = _validate.count(max_limit, "max_limit", low=min_limit, high=100_000)
@@ -70,9 +74,10 @@ class AdaptiveLimit:
             raise ValueError(f"tolerance must be between 1 and 100, got {tolerance}")
         self.tolerance = float(tolerance)
         self.smoothing = _validate.fraction(smoothing, "smoothing", allow_zero=False)
-        self.long_window = _validate.count(long_window, "long_window")
+        self.baseline_window = _validate.count(baseline_window, "baseline_window")
         self._limit = float(initial)
-        self._long: float | None = None
+        self._lowest = self._lowest_before = math.inf  # this window's and the last one's
+        self._count = 0
         #: Calls holding a place now.
         self.in_flight = 0
         self._lock = threading.Lock()
@@ -109,18 +114,15 @@ class AdaptiveLimit:
         return after if after != before else None
 
     def _sample(self, latency: float, in_flight: int) -> None:
-        long = self._long
-        if long is None:
-            long = latency
-        else:
-            long += (latency - long) / self.long_window
-            if long / latency > 2.0:  # recovered: forget the slow past faster
-                long *= 0.95
-        self._long = long
+        self._lowest = min(self._lowest, latency)
+        self._count += 1
+        unloaded = min(self._lowest, self._lowest_before)
+        if self._count >= self.baseline_window:
+            self._lowest_before, self._lowest, self._count = self._lowest, math.inf, 0
         limit = self._limit
         if in_flight < limit / 2:
             return
-        gradient = max(0.5, min(1.0, self.tolerance * long / latency))
+        gradient = max(0.5, min(1.0, self.tolerance * unloaded / latency))
         wanted = limit * gradient + math.sqrt(limit)
         limit = limit * (1.0 - self.smoothing) + wanted * self.smoothing
         self._limit = min(float(self.max_limit), max(float(self.min_limit), limit))

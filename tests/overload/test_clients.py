@@ -193,6 +193,21 @@ def test_httpx_limit_comes_down_on_overload_answers(events: list[Event]) -> None
 
 
 @pytest.mark.anyio
+async def test_a_call_cut_by_the_deadline_cuts_the_limit_a_cancelled_one_does_not() -> None:
+    """The deadline cutting a call is a sign of a slow dependency; a caller leaving is not."""
+    limit = AdaptiveLimit(initial=10)
+    with SlowServer(5.0) as server:
+        async with dhttpx.AsyncClient(Dependency("slow", limit=limit)) as client:
+            with pytest.raises(TimeoutError):
+                async with deadlines.scope(0.1):
+                    await client.get(server.url)
+            assert (limit.limit, limit.in_flight) == (9, 0)
+            with anyio.move_on_after(0.1):  # the caller gives up: a cancellation, no deadline
+                await client.get(server.url)
+            assert (limit.limit, limit.in_flight) == (9, 0)
+
+
+@pytest.mark.anyio
 async def test_aiohttp_limit_refuses_and_gives_places_back() -> None:
     """aiohttp: above the limit, refused; each place is given back as its response ends."""
     limit = AdaptiveLimit(initial=1, max_limit=1)
@@ -207,6 +222,50 @@ async def test_aiohttp_limit_refuses_and_gives_places_back() -> None:
     assert limit.in_flight == 0
 
 
+class CapacityServer(HealthyServer):
+    """Serves `workers` requests at a time, each taking `service` seconds; the rest queue."""
+
+    def __init__(self, workers: int, service: float) -> None:
+        super().__init__()
+        self._workers = threading.Semaphore(workers)
+        self.service = service
+
+    def handle(self, conn: Connection) -> None:
+        """Wait for a worker, work, answer; until the client closes the connection."""
+        while conn.read_request() is not None:
+            with self._workers:
+                time.sleep(self.service)
+            if not conn.send(response_head(200, length=2) + b"ok"):
+                return
+
+
+@pytest.mark.anyio
+async def test_async_httpx_limit_finds_the_servers_capacity() -> None:
+    """32 callers at a server that serves 4 at a time: the limit comes down from 32 toward
+    the few calls that keep it busy, and the server keeps answering at its capacity."""
+    limit = AdaptiveLimit(initial=32, max_limit=64)
+    answered = 0
+    with CapacityServer(4, 0.02) as server:  # capacity: 200 answers a second
+        async with dhttpx.AsyncClient(Dependency("cap", pool_size=64, limit=limit)) as client:
+            end = time.monotonic() + 2.0
+
+            async def caller() -> None:
+                nonlocal answered
+                while time.monotonic() < end:
+                    try:
+                        await client.get(server.url)
+                        answered += 1
+                    except CallRefused:
+                        await anyio.sleep(0.005)
+
+            async with anyio.create_task_group() as group:
+                for _ in range(32):
+                    group.start_soon(caller)
+    assert limit.limit <= 16
+    assert answered >= 200  # at least half the capacity over the 2 s
+    assert limit.in_flight == 0
+
+
 # Hedged requests.
 
 
@@ -216,7 +275,10 @@ def hedged() -> Dependency:
 
 
 @pytest.mark.anyio
-async def test_async_httpx_hedges_a_slow_get_and_cancels_the_loser(events: list[Event]) -> None:
+@pytest.mark.parametrize("anyio_backend", ["asyncio", "trio"])
+async def test_async_httpx_hedges_a_slow_get_and_cancels_the_loser(
+    events: list[Event], anyio_backend: str
+) -> None:
     """The slow first answer is raced by a backup at the p95; the backup wins, the slow
     request's connection is closed."""
     with DelayServer(0, 5.0) as server:
@@ -361,3 +423,18 @@ async def test_aiohttp_twin_request_has_its_own_headers() -> None:
     twin.headers["x-mine"] = "1"
     assert "x-mine" not in request.headers
     assert getattr(twin, "_upload_tracker", None) is None
+
+
+@pytest.mark.parametrize(
+    ("budget", "sent"),
+    [(None, 300), (RetryBudget(percent=0.2, min_per_second=0.0), 120)],
+    ids=["no budget", "20 % budget"],
+)
+def test_a_retry_storm_is_capped_by_the_budget(budget: RetryBudget | None, sent: int) -> None:
+    """100 calls to a dependency down for everybody, 3 attempts each: 3x the load without
+    a budget, 1.2x with a 20 % budget."""
+    dependency = Dependency("down", retry=QUICK, retry_budget=budget)
+    with HealthyServer(status=503) as server, dhttpx.Client(dependency) as client:
+        for _ in range(100):
+            assert client.get(server.url).status_code == 503
+        assert len(server.requests) == sent
