@@ -47,11 +47,15 @@ def refusals(events: list[Event]) -> list[str]:
 
 
 class DelayServer(HealthyServer):
-    """Answers the n-th request it receives after ``delays[n]`` seconds (then at once)."""
+    """Answers the n-th request it receives after ``delays[n]`` seconds (then at once).
 
-    def __init__(self, *delays: float) -> None:
+    The requests numbered in `drop` get no answer: their connection is closed instead.
+    """
+
+    def __init__(self, *delays: float, drop: frozenset[int] = frozenset()) -> None:
         super().__init__()
         self.delays = delays
+        self.drop = drop
         self._lock = threading.Lock()
         self._count = 0
 
@@ -61,7 +65,7 @@ class DelayServer(HealthyServer):
             with self._lock:
                 number, self._count = self._count, self._count + 1
             delay = self.delays[number] if number < len(self.delays) else 0.0
-            if delay and not conn.wait(delay):
+            if (delay and not conn.wait(delay)) or number in self.drop:
                 return
             if not conn.send(response_head(200, length=2) + b"ok"):
                 return
@@ -377,6 +381,30 @@ async def test_async_httpx_primary_that_answers_first_wins() -> None:
             assert time.monotonic() - start < 2.0
         assert len(server.requests) == 3
         assert server.wait_peer_closed(1)
+
+
+@pytest.mark.anyio
+async def test_async_httpx_primary_failing_after_the_backup_left_waits_for_it() -> None:
+    """The primary fails while the backup runs: the backup's answer, not the error."""
+    dependency = Dependency("tail", hedge=Hedge(min_samples=1, percent=1.0))
+    with DelayServer(0, 0.2, 0.4, drop=frozenset({1})) as server:
+        async with dhttpx.AsyncClient(dependency) as client:
+            await client.get(server.url + "/learn")
+            assert (await client.get(server.url + "/slow")).text == "ok"
+        assert len(server.requests) == 3
+
+
+@pytest.mark.anyio
+async def test_aiohttp_primary_failing_after_the_backup_left_waits_for_it() -> None:
+    """aiohttp: the same."""
+    dependency = Dependency("tail", hedge=Hedge(min_samples=1, percent=1.0))
+    with DelayServer(0, 0.2, 0.4, drop=frozenset({1})) as server:
+        async with daiohttp.session(dependency) as session:
+            async with session.get(server.url + "/learn") as response:
+                await response.read()
+            async with session.get(server.url + "/slow") as response:
+                assert await response.read() == b"ok"
+        assert len(server.requests) == 3
 
 
 @pytest.mark.anyio

@@ -48,7 +48,7 @@ async def _race(
     hedge = dependency.hedge
     assert hedge is not None
     answers: list[httpx.Response] = []
-    errors: list[Exception] = []
+    errors: dict[bool, Exception] = {}  # by whether the attempt was the backup
     backup_sent = anyio.Event()
 
     async def run(copy: httpx.Request | None, group: anyio.abc.TaskGroup) -> None:
@@ -62,7 +62,7 @@ async def _race(
         try:
             answer = await attempt(copy or request)
         except Exception as exc:
-            errors.append(exc)
+            errors[copy is not None] = exc
             if copy is None and not backup_sent.is_set():
                 group.cancel_scope.cancel()  # no backup yet: none now
             return
@@ -79,7 +79,7 @@ async def _race(
     if answers:
         await _close_all(answers[1:])  # both answered at once: the first wins
         return answers[0]
-    raise errors[0]
+    raise errors.get(False) or errors[True]
 
 
 def _copy(request: httpx.Request) -> httpx.Request:
