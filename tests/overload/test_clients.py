@@ -301,6 +301,20 @@ async def test_async_httpx_hedges_a_slow_get_and_cancels_the_loser(
 
 
 @pytest.mark.anyio
+async def test_async_httpx2_hedges_too() -> None:
+    """deadlines.httpx2 runs the same modules over httpx2: the backup wins there too."""
+    import deadlines.httpx2 as dhttpx2
+
+    with DelayServer(0, 5.0) as server:
+        async with dhttpx2.AsyncClient(hedged()) as client:
+            await client.get(server.url + "/learn")
+            start = time.monotonic()
+            assert (await client.get(server.url + "/slow")).text == "ok"
+            assert time.monotonic() - start < 1.0
+        assert len(server.requests) == 3
+
+
+@pytest.mark.anyio
 async def test_async_httpx_never_hedges_a_post() -> None:
     """A POST without an Idempotency-Key is sent once, however slow."""
     with DelayServer(0, 0.5) as server:
