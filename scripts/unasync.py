@@ -6,7 +6,8 @@
 The async pool, transport and client (``_async/``) are the source; each blocking module
 is the same code with ``async``/``await`` removed and ``AsyncX`` names renamed to ``X``
 (the pairs that cannot be renamed are written by hand in ``_primitives.py`` and
-``_backend.py``). The output is formatted with ruff, as the rest of the code is.
+``_backend.py``); a line ending in ``# async only`` is left out (hedging: a blocking call
+cannot be cancelled). The output is formatted with ruff, as the rest of the code is.
 """
 
 from __future__ import annotations
@@ -46,10 +47,16 @@ RULES = [
 _COMPILED = [(re.compile(pattern), replacement) for pattern, replacement in RULES]
 
 
+#: Ends a line that only the async half has (hedging: a blocking call cannot be cancelled).
+ASYNC_ONLY = "# async only"
+
+
 def unasync(source: str, name: str) -> str:
     """The blocking module for the async module `source` (named `name` in ``_async/``)."""
     lines = []
     for line in source.splitlines(keepends=True):
+        if line.rstrip().endswith(ASYNC_ONLY):
+            continue
         for pattern, replacement in _COMPILED:
             line = pattern.sub(replacement, line)
         lines.append(line)

@@ -18,12 +18,15 @@ from __future__ import annotations
 from importlib.metadata import PackageNotFoundError as _PackageNotFoundError
 from importlib.metadata import version as _version
 
+from ._admission import Admission, Decision
 from ._budget import CallBudget
+from ._codel import CoDel
 from ._deadline import Deadline
 from ._dependency import IDEMPOTENT_METHODS, Dependency, Retry
 from ._errors import (
     BudgetExhausted,
     CallerLeft,
+    CallRefused,
     CallTimeout,
     ConnectTimeout,
     DeadlineExceeded,
@@ -35,16 +38,24 @@ from ._errors import (
     TotalTimeout,
 )
 from ._events import (
+    AttemptRefused,
     CallFinished,
     CallStarted,
     Event,
+    HedgeSent,
     JobDropped,
+    LimitChanged,
     Observer,
     RequestFinished,
     RequestStarted,
     observe,
 )
+from ._hedge import Hedge
+from ._latency import LatencyEstimate
+from ._limit import AdaptiveLimit
+from ._retry_budget import RetryBudget
 from ._scope import carry, check, current, remaining, scope
+from ._throttle import OVERLOAD_STATUSES, Throttle
 from .streams import FirstItemTimeout, StreamIdleTimeout
 
 try:
@@ -54,29 +65,42 @@ except _PackageNotFoundError:  # pragma: no cover - running from a source tree
 
 __all__ = [
     "IDEMPOTENT_METHODS",
+    "OVERLOAD_STATUSES",
+    "AdaptiveLimit",
+    "Admission",
+    "AttemptRefused",
     "BudgetExhausted",
     "CallBudget",
     "CallFinished",
+    "CallRefused",
     "CallStarted",
     "CallTimeout",
     "CallerLeft",
+    "CoDel",
     "ConnectTimeout",
     "Deadline",
     "DeadlineExceeded",
     "DeadlinesError",
+    "Decision",
     "Dependency",
     "Event",
     "FirstItemTimeout",
     "HeadersTimeout",
+    "Hedge",
+    "HedgeSent",
     "IdleTimeout",
     "JobDropped",
+    "LatencyEstimate",
+    "LimitChanged",
     "Observer",
     "Phase",
     "PoolTimeout",
     "RequestFinished",
     "RequestStarted",
     "Retry",
+    "RetryBudget",
     "StreamIdleTimeout",
+    "Throttle",
     "TotalTimeout",
     "__version__",
     "carry",

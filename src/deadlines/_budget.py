@@ -17,6 +17,7 @@ from . import _clock, _events, _scope
 from ._dependency import Dependency
 from ._errors import (
     BudgetExhausted,
+    CallRefused,
     CallTimeout,
     ConnectTimeout,
     DeadlineExceeded,
@@ -26,6 +27,7 @@ from ._errors import (
     PoolTimeout,
     TotalTimeout,
 )
+from ._throttle import OVERLOAD_STATUSES
 from .wire import format_ms
 
 Limit = Literal["pool", "connect", "headers", "idle", "total"]
@@ -72,9 +74,13 @@ class CallBudget:
 
     # Slots: one is made per outbound call, on every integration's hot path.
     __slots__ = (
+        "_answered_at",
         "_end_source",
         "_finished",
         "_frame",
+        "_guarded",
+        "_learns",
+        "_overloaded",
         "_sources",
         "budget",
         "dependency",
@@ -127,6 +133,44 @@ class CallBudget:
                     )
                 )
             raise exc
+        # The dependency's overload guards, if any: a place under the adaptive limit,
+        # the throttle's draw. Refused: nothing started, CallRefused.
+        guarded = dependency.limit is not None or dependency.throttle is not None
+        self._guarded = guarded
+        #: Whether anything learns from the call's outcome (the guards, a hedge).
+        self._learns = learns = guarded or dependency.hedge is not None
+        if learns:
+            self._answered_at: float | None = None
+            self._overloaded = False
+            if guarded:
+                self._admit()
+
+    def _admit(self) -> None:
+        dependency = self.dependency
+        limit, throttle = dependency.limit, dependency.throttle
+        if limit is not None and not limit.acquire():
+            self._refuse("limit")
+        if throttle is not None and not throttle.admit():
+            if limit is not None:
+                limit.release(None)  # the place taken above, given back unused
+            self._refuse("throttled")
+
+    def _refuse(self, reason: Literal["limit", "throttled"]) -> None:
+        name = self.dependency.name
+        if _events.active():
+            _events.emit(_events.AttemptRefused(name, reason))
+        raise CallRefused(reason=reason, dependency=name)
+
+    def answered(self, status: int | None = None) -> None:
+        """The response head arrived (with `status`): for the overload guards.
+
+        Integrations call it when the head is in. The time to the head is the latency
+        the adaptive limit and the hedge learn from; a status in `OVERLOAD_STATUSES`
+        (429, 503) says the dependency refused the call for overload.
+        """
+        if self._learns:
+            self._answered_at = _clock.now()
+            self._overloaded = status in OVERLOAD_STATUSES
 
     def left(self) -> float:
         """Seconds until the call's end (the deadline or the total cap), never negative."""
@@ -221,7 +265,10 @@ class CallBudget:
         if self._finished:
             return
         self._finished = True
-        cut = error is not None and _is_cancellation(error) and self._note_cut()
+        cancelled = error is not None and _is_cancellation(error)
+        cut = cancelled and self._note_cut()
+        if self._learns:
+            self._learn(error, cancelled and not cut)
         if not _events._observers:
             return
         outcome: _events.CallOutcome
@@ -256,6 +303,32 @@ class CallBudget:
                 call=id(self),
             )
         )
+
+    def _learn(self, error: BaseException | None, cancelled: bool) -> None:
+        """Tell the dependency's guards how the call went: its latency, or that it failed.
+
+        A call cancelled before its answer (its caller left, another hedge won), not by
+        the request's deadline, says nothing about the dependency: no sample.
+        """
+        dependency = self.dependency
+        answered = self._answered_at
+        if answered is None and error is None:
+            answered = _clock.now()  # an integration that does not report the head
+        ok = answered is not None and not self._overloaded
+        latency = answered - self.start if answered is not None and ok else None
+        silent = cancelled and answered is None
+        if self._guarded:
+            limit = dependency.limit
+            if limit is not None:
+                changed = limit.release(None if silent else latency, failed=not (ok or silent))
+                if changed is not None and _events.active():
+                    _events.emit(_events.LimitChanged(dependency.name, changed))
+            throttle = dependency.throttle
+            if throttle is not None and not silent:
+                throttle.record(ok)
+        hedge = dependency.hedge
+        if hedge is not None and latency is not None:
+            hedge.latency.add(latency)
 
     def _note_cut(self) -> bool:
         """Tell the request's scope where this call was if its deadline cancelled it."""

@@ -7,6 +7,10 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from . import _validate
+from ._hedge import Hedge
+from ._limit import AdaptiveLimit
+from ._retry_budget import RetryBudget
+from ._throttle import Throttle
 
 #: Methods that may be retried after the request was sent (RFC 9110 idempotent methods).
 IDEMPOTENT_METHODS: frozenset[str] = frozenset({"GET", "HEAD", "OPTIONS", "TRACE", "PUT", "DELETE"})
@@ -68,6 +72,18 @@ class Dependency:
         min_useful: Below this much remaining budget, fail fast (`BudgetExhausted`)
             instead of sending work that cannot finish. Use the callee's p50.
         retry: A `Retry` policy, or None for a single attempt.
+        retry_budget: A `RetryBudget`: retries at most a share of the calls (per
+            dependency, whatever each call's `Retry` allows). None: no cap.
+        throttle: A `Throttle`: refuse calls locally as the dependency refuses them
+            (adaptive throttling). None: never.
+        limit: An `AdaptiveLimit`: calls in flight at most a limit learned from the
+            latency, refused at once above it. None: ``pool_size`` alone bounds them.
+        hedge: A `Hedge`: a backup for a slow idempotent call (async clients). None:
+            never.
+
+    `retry_budget`, `throttle`, `limit` and `hedge` hold what they learn: give each
+    dependency its own. Each is opt-in and reports what it does as events
+    (`AttemptRefused`, `LimitChanged`, `HedgeSent`).
     """
 
     name: str
@@ -79,6 +95,10 @@ class Dependency:
     pool_wait: float
     min_useful: float
     retry: Retry | None
+    retry_budget: RetryBudget | None
+    throttle: Throttle | None
+    limit: AdaptiveLimit | None
+    hedge: Hedge | None
 
     def __init__(
         self,
@@ -92,6 +112,10 @@ class Dependency:
         pool_wait: float | timedelta = 1.0,
         min_useful: float | timedelta = 0.0,
         retry: Retry | None = None,
+        retry_budget: RetryBudget | None = None,
+        throttle: Throttle | None = None,
+        limit: AdaptiveLimit | None = None,
+        hedge: Hedge | None = None,
     ) -> None:
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"name must be a non-empty string, got {name!r}")
@@ -101,6 +125,17 @@ class Dependency:
             raise ValueError(f"pool_size must be between 1 and 100000, got {pool_size}")
         if retry is not None and not isinstance(retry, Retry):
             raise TypeError(f"retry must be a deadlines.Retry or None, not {retry!r}")
+        for option, kind in (
+            (retry_budget, RetryBudget),
+            (throttle, Throttle),
+            (limit, AdaptiveLimit),
+            (hedge, Hedge),
+        ):
+            if option is not None and not isinstance(option, kind):
+                raise TypeError(
+                    f"{_OPTION_NAMES[kind]} must be a deadlines.{kind.__name__} or None,"
+                    f" not {option!r}"
+                )
         values = {
             "name": name,
             "connect": _validate.seconds(connect, "connect", allow_zero=False),
@@ -111,6 +146,10 @@ class Dependency:
             "pool_wait": _validate.seconds(pool_wait, "pool_wait"),
             "min_useful": _validate.seconds(min_useful, "min_useful"),
             "retry": retry,
+            "retry_budget": retry_budget,
+            "throttle": throttle,
+            "limit": limit,
+            "hedge": hedge,
         }
         if values["min_useful"] > values["total"]:  # type: ignore[operator]
             raise ValueError(
@@ -119,3 +158,11 @@ class Dependency:
             )
         for key, value in values.items():
             object.__setattr__(self, key, value)
+
+
+_OPTION_NAMES: dict[type, str] = {
+    RetryBudget: "retry_budget",
+    Throttle: "throttle",
+    AdaptiveLimit: "limit",
+    Hedge: "hedge",
+}

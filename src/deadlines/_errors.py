@@ -229,3 +229,32 @@ def also(error: _E, theirs: type[BaseException]) -> _E:
     BaseException.__init__(dual, *error.args)
     dual.__dict__.update(error.__dict__)
     return dual  # type: ignore[return-value]
+
+
+#: Why a call was refused before it went out: the adaptive throttle, the adaptive limit.
+RefusalReason = Literal["throttled", "limit"]
+
+
+class CallRefused(DeadlinesError):
+    """The client refused the call itself, to protect an overloaded dependency; nothing was sent.
+
+    `reason` is ``"throttled"`` (the dependency's `deadlines.Throttle` drew a refusal)
+    or ``"limit"`` (its `deadlines.AdaptiveLimit` is reached). Not retried: a retry
+    would add the load the refusal is there to take away. Answer with a fallback, or
+    pass the overload on (a 503).
+    """
+
+    request_sent = False
+
+    def __init__(
+        self, message: str | None = None, *, reason: RefusalReason, dependency: str | None = None
+    ) -> None:
+        self.reason: RefusalReason = reason
+        self.dependency = dependency
+        where = f"{dependency}: " if dependency else ""
+        why = (
+            "the adaptive throttle refused it"
+            if reason == "throttled"
+            else "its concurrency limit is reached"
+        )
+        super().__init__(message or f"{where}call refused, {why}; nothing was sent")

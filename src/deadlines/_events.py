@@ -111,7 +111,52 @@ class JobDropped:
     late: float
 
 
-Event: TypeAlias = CallStarted | CallFinished | RequestStarted | RequestFinished | JobDropped
+#: What a client refused: a call (the throttle, the limit) or a retry (the retry budget).
+Refusal = Literal["throttled", "limit", "retry_budget"]
+
+
+@_writes_slots
+@dataclass(frozen=True, slots=True)
+class AttemptRefused:
+    """The client did not make an attempt to `dependency`, to protect it from overload.
+
+    `reason`: ``"throttled"`` (adaptive throttling), ``"limit"`` (the adaptive
+    concurrency limit is reached), ``"retry_budget"`` (a retry the budget did not
+    allow; the call ended with its last answer or error).
+    """
+
+    dependency: str
+    reason: Refusal
+
+
+@_writes_slots
+@dataclass(frozen=True, slots=True)
+class LimitChanged:
+    """The adaptive concurrency limit of `dependency` moved to `limit` calls in flight."""
+
+    dependency: str
+    limit: int
+
+
+@_writes_slots
+@dataclass(frozen=True, slots=True)
+class HedgeSent:
+    """A backup of a slow idempotent call to `dependency` went out after `delay` seconds."""
+
+    dependency: str
+    delay: float
+
+
+Event: TypeAlias = (
+    CallStarted
+    | CallFinished
+    | RequestStarted
+    | RequestFinished
+    | JobDropped
+    | AttemptRefused
+    | LimitChanged
+    | HedgeSent
+)
 Observer: TypeAlias = Callable[[Event], None]
 
 _observers: tuple[Observer, ...] = ()

@@ -38,3 +38,24 @@ def seconds(value: float | timedelta, name: str, *, allow_zero: bool = True) -> 
             f"{name} of {result} s is more than a year; did you pass milliseconds as seconds?"
         )
     return result
+
+
+def fraction(value: float, name: str, *, allow_zero: bool = True) -> float:
+    """Return `value` as a float in [0, 1] (or (0, 1]), or raise an error that names `name`."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number between 0 and 1, not {value!r}")
+    result = float(value)
+    low_ok = result >= 0.0 if allow_zero else result > 0.0
+    if not (low_ok and result <= 1.0):  # NaN fails both
+        bound = "[0, 1]" if allow_zero else "(0, 1]"
+        raise ValueError(f"{name} must be in {bound}, got {value}")
+    return result
+
+
+def count(value: int, name: str, *, low: int = 1, high: int = 1_000_000) -> int:
+    """Return `value` if it is an int in [low, high], or raise an error that names `name`."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be between {low} and {high}, got {value}")
+    return value

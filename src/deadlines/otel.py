@@ -21,7 +21,10 @@ Traces. Inside a recording span (your server instrumentation's, or your own):
 - a timeout also sets ``deadlines.timeout.dependency``, ``deadlines.timeout.phase``,
   ``deadlines.timeout.pool_wait`` and ``deadlines.timeout.request_sent`` on the current
   span, so the hop's own span says where its time went;
-- a dropped expired job adds a ``deadlines.job_dropped`` event.
+- a dropped expired job adds a ``deadlines.job_dropped`` event;
+- an attempt refused to protect a dependency adds a ``deadlines.attempt_refused`` event
+  (``deadlines.dependency``, ``deadlines.reason``), a hedge a ``deadlines.hedge_sent``
+  event (``deadlines.dependency``, ``deadlines.delay``).
 
 Nothing is recorded outside a recording span: no orphan root spans.
 
@@ -179,6 +182,11 @@ class _Tally:
         with self._lock:
             self.counts[values] = max(0, self.counts.get(values, 0) + step)
 
+    def set(self, values: tuple[str, ...], value: int) -> None:
+        """Make the figure for `values` `value` (a gauge's latest reading)."""
+        with self._lock:
+            self.counts[values] = value
+
     def clear(self) -> None:
         """Forget every count (in-flight figures go stale while nobody listens)."""
         with self._lock:
@@ -248,6 +256,9 @@ class _Recorder:
         self.caller_left = _Tally(lock, "route")
         self.requests_in_flight = _Tally(lock, "route")
         self.jobs_expired = _Tally(lock, "queue")
+        self.refused = _Tally(lock, "dependency", "reason")
+        self.hedges = _Tally(lock, "dependency")
+        self.limit = _Tally(lock, "dependency")
         counters = [
             ("deadlines.outbound.calls", self.calls, "{call}", "Outbound calls that ended."),
             ("deadlines.outbound.timeouts", self.timeouts, "{call}", "Timeouts, by phase."),
@@ -255,6 +266,8 @@ class _Recorder:
             ("deadlines.inbound.requests", self.requests, "{request}", "Requests ended."),
             ("deadlines.inbound.caller_left", self.caller_left, "{request}", "Caller left."),
             ("deadlines.jobs.expired", self.jobs_expired, "{job}", "Expired jobs dropped."),
+            ("deadlines.outbound.refused", self.refused, "{call}", "Attempts not made."),
+            ("deadlines.outbound.hedges", self.hedges, "{call}", "Backups sent."),
         ]
         for name, tally, unit, text in counters:
             callbacks = [tally.observe]
@@ -267,6 +280,9 @@ class _Recorder:
         ]
         for name, tally, unit, text in gauges:
             meter.create_observable_up_down_counter(name, [tally.observe], unit, text)
+        meter.create_observable_gauge(
+            "deadlines.outbound.limit", [self.limit.observe], "{call}", "Adaptive limit."
+        )
 
         def histogram(name: str, text: str) -> Histogram:
             return meter.create_histogram(name, "s", text, explicit_bucket_boundaries_advisory=b)
@@ -425,6 +441,24 @@ class _Recorder:
                 span.add_event(
                     "deadlines.job_dropped",
                     {"deadlines.queue": event.queue, "deadlines.late": event.late},
+                )
+        elif isinstance(event, _events.AttemptRefused):
+            self.refused.add((self._dependency(event.dependency), event.reason))
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(
+                    "deadlines.attempt_refused",
+                    {"deadlines.dependency": event.dependency, "deadlines.reason": event.reason},
+                )
+        elif isinstance(event, _events.LimitChanged):
+            self.limit.set((self._dependency(event.dependency),), event.limit)
+        elif isinstance(event, _events.HedgeSent):
+            self.hedges.add((self._dependency(event.dependency),))
+            span = trace.get_current_span()
+            if span.is_recording():
+                span.add_event(
+                    "deadlines.hedge_sent",
+                    {"deadlines.dependency": event.dependency, "deadlines.delay": event.delay},
                 )
 
     def _in_flight_key(self, dependency: str) -> tuple[str]:

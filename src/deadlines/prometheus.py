@@ -23,6 +23,9 @@ to and keeps these series (all names are stable; see docs/metrics.md):
 | `deadlines_inbound_budget_seconds` | histogram | route |
 | `deadlines_inbound_in_flight` | gauge | route |
 | `deadlines_jobs_expired_total` | counter | queue |
+| `deadlines_outbound_refused_total` | counter | dependency, reason |
+| `deadlines_outbound_limit` | gauge | dependency |
+| `deadlines_outbound_hedges_total` | counter | dependency |
 
 Labels stay low-cardinality: `outcome` and `phase` come from fixed sets; `dependency`
 is `Dependency.name`, `route` the integration's route template, `queue` the queue name.
@@ -177,6 +180,26 @@ class Metrics:
             ["queue"],
             registry=None,
         )
+        self.outbound_refused = Counter(
+            "deadlines_outbound_refused",
+            "Attempts the client did not make, to protect an overloaded dependency, by"
+            " reason (throttled, limit, retry_budget).",
+            ["dependency", "reason"],
+            registry=None,
+        )
+        self.outbound_limit = Gauge(
+            "deadlines_outbound_limit",
+            "The adaptive concurrency limit of a dependency (calls in flight allowed).",
+            ["dependency"],
+            registry=None,
+            multiprocess_mode="livesum",
+        )
+        self.outbound_hedges = Counter(
+            "deadlines_outbound_hedges",
+            "Backups sent for slow idempotent calls (hedged requests).",
+            ["dependency"],
+            registry=None,
+        )
         self._group = _Group(
             [
                 self.outbound_calls,
@@ -191,6 +214,9 @@ class Metrics:
                 self.inbound_budget,
                 self.inbound_in_flight,
                 self.jobs_expired,
+                self.outbound_refused,
+                self.outbound_limit,
+                self.outbound_hedges,
             ]
         )
         self._dependency = LabelGuard("dependency", max_label_values)
@@ -252,6 +278,12 @@ class Metrics:
                 route.caller_left.inc()
         elif isinstance(event, _events.JobDropped):
             self.jobs_expired.labels(self._queue(event.queue)).inc()
+        elif isinstance(event, _events.AttemptRefused):
+            self.outbound_refused.labels(self._dependency(event.dependency), event.reason).inc()
+        elif isinstance(event, _events.LimitChanged):
+            self.outbound_limit.labels(self._dependency(event.dependency)).set(event.limit)
+        elif isinstance(event, _events.HedgeSent):
+            self.outbound_hedges.labels(self._dependency(event.dependency)).inc()
 
     def _call_finished(self, event: _events.CallFinished) -> None:
         dep = self._dependency_children(event.dependency)

@@ -9,7 +9,10 @@ The rule, for a `deadlines.Retry` policy (``Dependency(retry=Retry(...))``):
   request carrying an ``Idempotency-Key`` header — and only if its body can be sent again;
 * a retry happens only when the time left exceeds the expected attempt time plus the
   backoff sleep; a deadline error (the budget is spent) is never retried;
-* backoff sleeps end early at the deadline.
+* backoff sleeps end early at the deadline;
+* with a `deadlines.RetryBudget` (``Dependency(retry_budget=...)``), a retry also needs
+  the budget's leave: retries stay within a share of the dependency's calls, whatever
+  each call's policy allows.
 
 `deadlines.httpx` and `deadlines.aiohttp` apply it when ``dependency.retry`` is set; use
 `run_async` / `run_sync` for any other call. For tenacity or stamina, the same rule as
@@ -26,10 +29,11 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import _scope, _validate
+from . import _events, _scope, _validate
 from ._dependency import IDEMPOTENT_METHODS, Retry
 from ._errors import CallTimeout, DeadlineExceeded
 from ._extras import missing
+from ._retry_budget import RetryBudget
 
 __all__ = [
     "may_retry",
@@ -85,9 +89,15 @@ class _Rule:
         replayable: bool,
         min_attempt: float | timedelta,
         classify: SentOf,
+        budget: RetryBudget | None = None,
+        dependency: str | None = None,
     ) -> None:
         if not isinstance(policy, Retry):
             raise TypeError(f"policy must be a deadlines.Retry, not {policy!r}")
+        if budget is not None and not isinstance(budget, RetryBudget):
+            raise TypeError(f"retry_budget must be a deadlines.RetryBudget, not {budget!r}")
+        self.budget = budget
+        self.dependency = dependency
         self.policy = policy
         self.method = method
         self.idempotency_key = idempotency_key
@@ -109,6 +119,19 @@ class _Rule:
         if number >= self.policy.attempts or not (self.replayable and self._idempotent()):
             return None
         return _backoff(self.policy, number, self.min_attempt)
+
+    def start(self) -> None:
+        """A call begins: it counts toward the retry budget."""
+        if self.budget is not None:
+            self.budget.deposit()
+
+    def granted(self) -> bool:
+        """Whether the retry budget allows the retry the rule wants (and takes it)."""
+        if self.budget is None or self.budget.withdraw():
+            return True
+        if _events.active():
+            _events.emit(_events.AttemptRefused(self.dependency or "", "retry_budget"))
+        return False
 
     def _idempotent(self) -> bool:
         return may_retry(self.method, request_sent=True, idempotency_key=self.idempotency_key)
@@ -138,6 +161,8 @@ async def run_async(
     request_sent: SentOf = request_sent,
     retry_response: Callable[[T], bool] | None = None,
     discard: Callable[[T], Awaitable[None]] | None = None,
+    retry_budget: RetryBudget | None = None,
+    dependency: str | None = None,
 ) -> T:
     """Await ``attempt()`` until it succeeds or the rule says stop; re-raise the last error.
 
@@ -156,23 +181,37 @@ async def run_async(
         retry_response: Whether a result should be retried (a 503, say); the last
             result is returned when no retry is left.
         discard: Releases a result that is being retried (closes a response).
+        retry_budget: The dependency's `deadlines.RetryBudget`: the call counts toward
+            it, and each retry needs its leave (refused: the last error is raised, the
+            last result returned, and `deadlines.AttemptRefused` reported).
+        dependency: The dependency's name, for that event.
 
     Cancellation is never retried and cuts a backoff sleep short.
     """
-    rule = _Rule(policy, method, idempotency_key, replayable, min_attempt, request_sent)
+    rule = _Rule(
+        policy,
+        method,
+        idempotency_key,
+        replayable,
+        min_attempt,
+        request_sent,
+        retry_budget,
+        dependency,
+    )
+    rule.start()
     number = 1
     while True:
         try:
             result = await attempt()
         except Exception as exc:
             delay = rule.after_error(exc, number)
-            if delay is None:
+            if delay is None or not rule.granted():
                 raise
         else:
             if retry_response is None or not retry_response(result):
                 return result
             delay = rule.after_result(number)
-            if delay is None:
+            if delay is None or not rule.granted():
                 return result
             if discard is not None:
                 await discard(result)
@@ -191,22 +230,34 @@ def run_sync(
     request_sent: SentOf = request_sent,
     retry_response: Callable[[T], bool] | None = None,
     discard: Callable[[T], None] | None = None,
+    retry_budget: RetryBudget | None = None,
+    dependency: str | None = None,
 ) -> T:
     """The blocking twin of `run_async`, with the same arguments and rule."""
-    rule = _Rule(policy, method, idempotency_key, replayable, min_attempt, request_sent)
+    rule = _Rule(
+        policy,
+        method,
+        idempotency_key,
+        replayable,
+        min_attempt,
+        request_sent,
+        retry_budget,
+        dependency,
+    )
+    rule.start()
     number = 1
     while True:
         try:
             result = attempt()
         except Exception as exc:
             delay = rule.after_error(exc, number)
-            if delay is None:
+            if delay is None or not rule.granted():
                 raise
         else:
             if retry_response is None or not retry_response(result):
                 return result
             delay = rule.after_result(number)
-            if delay is None:
+            if delay is None or not rule.granted():
                 return result
             if discard is not None:
                 discard(result)

@@ -39,3 +39,30 @@ async def surface() -> None:
     fn = deadlines.carry(len)
     n: int = fn("abc")
     assert n
+
+
+def overload() -> None:
+    dep = Dependency(
+        "pricing",
+        retry=Retry(),
+        retry_budget=deadlines.RetryBudget(percent=0.1, min_per_second=1, window=10),
+        throttle=deadlines.Throttle(k=2.0, window=timedelta(minutes=2)),
+        limit=deadlines.AdaptiveLimit(initial=10, max_limit=50),
+        hedge=deadlines.Hedge(quantile=0.95, percent=0.05),
+    )
+    assert dep.limit is not None
+    now: int = dep.limit.limit
+    estimate = deadlines.LatencyEstimate(128)
+    estimate.add(0.1)
+    p95: float | None = estimate.quantile(0.95)
+    admission = deadlines.Admission(rejection_budget=0.2)
+    decision: deadlines.Decision = admission.decide("/quote", 0.5)
+    admission.observe("/quote", timedelta(milliseconds=120))
+    retry_after: int = admission.retry_after("/quote")
+    shed: bool = deadlines.CoDel(target=0.005, interval=0.1).shed(0.02)
+    try:
+        CallBudget(dep)
+    except deadlines.CallRefused as exc:
+        reason: str = exc.reason
+        assert reason
+    assert now and p95 and decision and retry_after and shed

@@ -9,6 +9,8 @@
   time per call.
 * `start_idle_timer` starts aiohttp's own per-read timer (``sock_read``) for the rest of
   a body, through the connection's protocol.
+* `twin_request` copies a request for a hedge's backup, which aiohttp has no public way
+  to do; a request's upload tracker (aiohttp 3.14) stays with the first attempt.
 
 tests/outbound/test_aiohttp_seams.py pins every name used here (`SEAMS`), so an aiohttp
 that changes them fails the tests loudly.
@@ -16,11 +18,12 @@ that changes them fails the tests loudly.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from .. import _clock
 from ._call import current
-from ._lib import aiohttp
+from ._lib import CIMultiDict, aiohttp
 
 #: aiohttp's private names used here, by the class that has them.
 SEAMS = {
@@ -82,3 +85,17 @@ def start_idle_timer(response: aiohttp.ClientResponse, idle: float) -> None:
         return
     connection.protocol.read_timeout = idle
     connection.protocol.start_timeout()
+
+
+def twin_request(request: aiohttp.ClientRequest) -> aiohttp.ClientRequest:
+    """A second request like `request`, to send alongside it (a hedge's backup).
+
+    A shallow copy, before either is sent: its own headers (each attempt sets its
+    deadline header), the same body (bytes, or none: sent again as they are). An upload
+    tracker, where aiohttp has one, stays the first attempt's.
+    """
+    twin = copy.copy(request)
+    twin.headers = CIMultiDict(request.headers)
+    if getattr(request, "_upload_tracker", None) is not None:
+        twin._upload_tracker = None
+    return twin

@@ -12,6 +12,7 @@ from ..wire import HEADER
 from ._aiohttp import start_idle_timer
 from ._call import Call, current, translate
 from ._content import Content
+from ._hedge import hedged
 from ._lib import aiohttp
 from ._response import Response
 
@@ -26,7 +27,8 @@ class Middleware:
     dependency (`BudgetExhausted` below ``min_useful``), sends the time left onward,
     keeps one timer over the phases up to the response head, bounds each body read by
     the idle gap and the call's end, raises what runs out as ours and aiohttp's own
-    timeout, and retries by the dependency's rule.
+    timeout, retries by the dependency's rule, and hedges an idempotent request by its
+    `deadlines.Hedge`.
 
     With the session's connector ours (`deadlines.aiohttp.session`), every phase has its
     own limit: pool, connect, headers. With a connector of the user's, the middleware
@@ -51,8 +53,21 @@ class Middleware:
     ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
         # Returns the attempt's coroutine rather than being one: one coroutine less.
         if self.dependency.retry is None:
-            return self._attempt(request, handler)
+            return self._one(request, handler)
         return self._with_retries(request, handler)
+
+    def _one(
+        self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
+    ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
+        """One attempt, hedged by the dependency's `Hedge` if it has one."""
+        if self.dependency.hedge is None:
+            return self._attempt(request, handler)
+        return hedged(
+            self.dependency,
+            lambda each: self._attempt(each, handler),
+            request,
+            _replayable(request),
+        )
 
     async def _with_retries(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
@@ -60,7 +75,7 @@ class Middleware:
         policy = self.dependency.retry
         assert policy is not None
         return await retry.run_async(
-            lambda: self._attempt(request, handler),
+            lambda: self._one(request, handler),
             policy=policy,
             method=request.method,
             idempotency_key="idempotency-key" in request.headers,
@@ -69,6 +84,8 @@ class Middleware:
             request_sent=_request_sent,
             retry_response=lambda response: response.status in policy.statuses,
             discard=_release,
+            retry_budget=self.dependency.retry_budget,
+            dependency=self.dependency.name,
         )
 
     async def _attempt(
@@ -100,6 +117,7 @@ class Middleware:
                 raise
             if call.guard is not None:
                 call.guard.leave(None)
+            call.answered(response.status)
         except BaseException as exc:
             call.finish(exc)
             raise

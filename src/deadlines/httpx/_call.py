@@ -248,6 +248,10 @@ def _narrowed(
         pool_wait=pool_wait,
         min_useful=dependency.min_useful,
         retry=dependency.retry,
+        retry_budget=dependency.retry_budget,
+        throttle=dependency.throttle,
+        limit=dependency.limit,
+        hedge=dependency.hedge,
     )
 
 

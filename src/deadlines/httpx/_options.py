@@ -121,4 +121,6 @@ def retry_options(dependency: Dependency, request: httpx.Request) -> dict[str, A
         "replayable": isinstance(request.stream, httpx.ByteStream),
         "min_attempt": dependency.min_useful,
         "request_sent": request_sent,
+        "retry_budget": dependency.retry_budget,
+        "dependency": dependency.name,
     }

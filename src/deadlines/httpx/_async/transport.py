@@ -13,6 +13,7 @@ from ...wire import HEADER
 from .._backend import AsyncBackend
 from .._boundary import Expired, raise_translated
 from .._call import Call, current, start
+from .._hedge import hedging  # async only
 from .._httpcore import abandon_async
 from .._lib import httpcore, httpx
 from .._messages import core_request, response
@@ -133,6 +134,7 @@ class AsyncTransport(httpx.AsyncBaseTransport):
                 head = await self._send(call, core)
             except (Exception, Expired) as exc:
                 raise_translated(call, exc)
+            call.budget.answered(head.status)
             call.begin_body()
         except BaseException as exc:
             if admitted:
@@ -176,7 +178,12 @@ async def with_retries(
     attempt: Callable[[httpx.Request], Awaitable[httpx.Response]],
     request: httpx.Request,
 ) -> httpx.Response:
-    """`attempt(request)`, retried by ``dependency.retry`` (once, without one)."""
+    """`attempt(request)`, retried by ``dependency.retry`` (once, without one).
+
+    The async client also hedges each attempt by ``dependency.hedge``, if set.
+    """
+    if dependency.hedge is not None:  # async only
+        attempt = hedging(dependency, attempt)  # async only
     policy = dependency.retry
     if policy is None:
         return await attempt(request)

@@ -51,6 +51,7 @@ class Bounded(httpx.BaseTransport):
                 if call.budget.left() > 0.0:
                     raise  # the wrapped transport's own limit, not ours
                 raise call.error(exc, phase="headers") from exc
+            call.budget.answered(answer.status_code)
         except BaseException as exc:
             call.budget.finish(exc)
             raise

@@ -134,6 +134,7 @@ class Transport(httpx.BaseTransport):
                 head = self._send(call, core)
             except (Exception, Expired) as exc:
                 raise_translated(call, exc)
+            call.budget.answered(head.status)
             call.begin_body()
         except BaseException as exc:
             if admitted:
@@ -177,7 +178,10 @@ def with_retries(
     attempt: Callable[[httpx.Request], httpx.Response],
     request: httpx.Request,
 ) -> httpx.Response:
-    """`attempt(request)`, retried by ``dependency.retry`` (once, without one)."""
+    """`attempt(request)`, retried by ``dependency.retry`` (once, without one).
+
+    The async client also hedges each attempt by ``dependency.hedge``, if set.
+    """
     policy = dependency.retry
     if policy is None:
         return attempt(request)
