@@ -28,10 +28,12 @@ from ._errors import (
     ConnectTimeout,
     DeadlineExceeded,
     DeadlinesError,
+    FirstItemTimeout,
     HeadersTimeout,
     IdleTimeout,
     Phase,
     PoolTimeout,
+    StreamIdleTimeout,
     TotalTimeout,
 )
 from ._events import (
@@ -45,7 +47,6 @@ from ._events import (
     observe,
 )
 from ._scope import carry, check, current, remaining, scope
-from .streams import FirstItemTimeout, StreamIdleTimeout
 
 try:
     __version__ = _version("deadlines")

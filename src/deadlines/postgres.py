@@ -18,13 +18,11 @@ command line.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
 import math
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -34,7 +32,6 @@ from . import _clock, _validate
 from ._budget import CallBudget
 from ._dependency import Dependency
 from ._errors import BudgetExhausted, DeadlineExceeded, HeadersTimeout, TotalTimeout
-from ._extras import missing
 
 T = TypeVar("T")
 
@@ -572,59 +569,6 @@ def audit(conn: _DBAPIConnection) -> list[Finding]:
 def audit_failed(result: Iterable[Finding]) -> bool:
     """Whether any finding is an error (a limit the library relies on is missing)."""
     return any(f.severity == "error" for f in result)
-
-
-# CLI: `deadlines pg-audit DSN`
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Arguments of ``deadlines pg-audit``."""
-    parser.add_argument("dsn", help="libpq connection string or URI, e.g. postgresql://app@db/app")
-    parser.add_argument(
-        "--connect-timeout",
-        type=_connect_timeout,
-        default=5.0,
-        help="seconds to wait for the connection (default 5)",
-    )
-
-
-def _connect_timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError(
-            f"expected a positive number of seconds up to 3600, got {text!r}"
-        )
-    return value
-
-
-def run(args: argparse.Namespace) -> int:
-    """Print the findings; exit 1 when a limit is unset (0), 2 when unreachable."""
-    try:
-        import psycopg
-    except ImportError:  # pragma: no cover - depends on the install
-        print(missing("deadlines pg-audit", "psycopg", "psycopg"), file=sys.stderr)
-        return 2
-    timeout = max(1, math.ceil(args.connect_timeout))
-    try:
-        with psycopg.connect(args.dsn, connect_timeout=timeout, autocommit=True) as conn:
-            result = audit(conn)
-    except psycopg.Error as exc:
-        lines = str(exc).strip().splitlines() or [type(exc).__name__]
-        print(f"deadlines pg-audit: cannot audit: {lines[0]}", file=sys.stderr)
-        return 2
-    for finding in result:
-        print(finding)
-    failed = audit_failed(result)
-    print("FAILED: unlimited settings found" if failed else "ok: every audited limit is set")
-    return 1 if failed else 0
-
-
-def settings_map(rows: Iterable[Sequence[Any]]) -> Mapping[str, str]:
-    """Setting name -> value from `AUDIT_SQL` rows (for tests and tooling)."""
-    return {str(r[0]): str(r[1]) for r in rows}
 
 
 @asynccontextmanager

@@ -256,12 +256,13 @@ def test_flags_reach_the_experiment_they_belong_to() -> None:
     from deadlines.__main__ import build_parser
     from deadlines.lab import cli
 
-    args = build_parser().parse_args(["lab", "--variants", "fixed,timeout", "--pool-size", "7"])
+    words = ["lab", "--variants", "fixed,timeout", "--pool-size", "7"]
+    args = build_parser("lab").parse_args(words)
     assert args.experiment == "all"
     assert cli.params_for("chain", args).variants == ("fixed",)
     cascade = cli.params_for("cascade", args)
     assert cascade.variants == ("timeout",) and cascade.pool_size == 7
-    quick = build_parser().parse_args(["lab", "slow-server", "--quick", "--rate", "40"])
+    quick = build_parser("lab").parse_args(["lab", "slow-server", "--quick", "--rate", "40"])
     params = cli.params_for("slow-server", quick)
     assert params.rate == 40 and params.run_for == 3.0
 
