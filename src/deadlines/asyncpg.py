@@ -37,11 +37,11 @@ from .postgres import (
     IDENTITY_SQL,
     POSTGRES,
     Finding,
-    Limits,
+    TransactionLimits,
     acquire_within,
     findings,
     guarded,
-    plan,
+    transaction_limits,
     within,
 )
 
@@ -154,11 +154,11 @@ async def _begin(
     reserve: float,
     check_interval: float | timedelta | None,
     grace: float,
-) -> Limits:
+) -> TransactionLimits:
     """BEGIN, then SET LOCAL the limits computed from what is left after BEGIN."""
     try:
         await tx.start()
-        limits = plan(
+        limits = transaction_limits(
             budget,
             server_version=server_version(tx.conn),
             lock_timeout=lock_timeout,

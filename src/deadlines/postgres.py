@@ -108,7 +108,7 @@ def supports_connection_check(server_version: int) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Limits:
+class TransactionLimits:
     """The `SET LOCAL` values for one transaction, and where each one came from.
 
     `statement_ms` and `lock_ms` are whole milliseconds, at least 1 (never 0, which
@@ -145,14 +145,14 @@ class Limits:
         return f"SELECT {calls}"
 
 
-def plan(
+def transaction_limits(
     budget: CallBudget,
     *,
     server_version: int,
     lock_timeout: float | timedelta | None = None,
     reserve: float | timedelta = DEFAULT_RESERVE,
     check_interval: float | timedelta | None = DEFAULT_CHECK_INTERVAL,
-) -> Limits:
+) -> TransactionLimits:
     """The limits for a transaction starting now under `budget`.
 
     `statement_timeout` = min(the dependency's `headers` cap, time left) - `reserve`;
@@ -174,7 +174,7 @@ def plan(
     check_ms = None
     if check_interval is not None and supports_connection_check(server_version):
         check_ms = max(1, math.floor(_validate.seconds(check_interval, "check_interval") * 1000))
-    return Limits(
+    return TransactionLimits(
         budget=budget,
         statement_ms=statement_ms,
         statement_source=statement_source,
@@ -215,7 +215,7 @@ def sqlstate_of(exc: BaseException) -> str | None:
     return None
 
 
-def translate(exc: BaseException, limits: Limits) -> TimeoutError | None:
+def translate(exc: BaseException, limits: TransactionLimits) -> TimeoutError | None:
     """The `deadlines` error for a Postgres timeout error, or None for any other error.
 
     `DeadlineExceeded` when the request's budget was the binding limit; otherwise the
@@ -248,7 +248,7 @@ def translate(exc: BaseException, limits: Limits) -> TimeoutError | None:
     return None
 
 
-def _fired(limits: Limits, source: _Source, which: str) -> TimeoutError:
+def _fired(limits: TransactionLimits, source: _Source, which: str) -> TimeoutError:
     budget = limits.budget
     if source in ("deadline", "total"):
         return budget_error(budget, source)
@@ -573,7 +573,7 @@ def audit_failed(result: Iterable[Finding]) -> bool:
 
 @asynccontextmanager
 async def guarded(
-    limits: Limits,
+    limits: TransactionLimits,
     grace: float,
     *,
     commit: Callable[[], Awaitable[object]],
