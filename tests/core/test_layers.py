@@ -19,8 +19,8 @@ import deadlines
 
 PACKAGE = Path(deadlines.__file__).parent
 LAYERS = ("core", "integrations", "tools", "cli")
-#: The tools: each its own package, and the command line's shared rules they follow.
-TOOLS = {"lab", "sim", "plan", "audit", "_cli"}
+#: The tools: each its own package, the command line's rules they follow and what they share.
+TOOLS = {"lab", "sim", "plan", "audit", "_cli", "_tools"}
 #: The core's public modules besides the package itself (the rest are `_private`).
 CORE_PUBLIC = {"wire", "testing"}
 
@@ -162,4 +162,4 @@ def test_a_subcommand_loads_its_own_module() -> None:
         "with redirect_stdout(io.StringIO()), suppress(SystemExit): main(['plan', '--help'])"
     )
     tools = {name.split(".")[1] for name in names if layer(name) == "tools"}
-    assert tools == {"plan", "_cli"}
+    assert tools == {"plan", "_cli", "_tools"}

@@ -17,9 +17,10 @@ from typing import Any
 
 import aiohttp
 
+from .._tools.stats import percentile
 from . import _params, chapter, report
 from .harness import Processes
-from .load import LoadRun, percentile, run_open_loop
+from .load import LoadRun, run_open_loop
 from .progress import Progress
 
 VARIANTS = ("no_timeout", "timeout", "bulkhead", "deadlines")
@@ -139,7 +140,7 @@ async def _drive(p: Params, api: str, downstream: str) -> tuple[LoadRun, list[li
 def _summarise(run: LoadRun, series: list[list[float]], open_max: int) -> dict[str, Any]:
     checkouts = run.of("checkout")
     latencies = [s.latency * 1000.0 for s in checkouts if s.latency is not None]
-    p99 = percentile(latencies, 99)
+    p99 = percentile(sorted(latencies), 0.99)
     homes = run.of("home")
     return {
         "home_in_flight_end": series[-1][1] if series else None,

@@ -18,9 +18,10 @@
     timeout = "300ms"
     fallback = true
 
-Times are seconds as numbers, or strings with a unit (``"300ms"``, ``"2s"``, ``"1m"``);
-``"none"`` removes a limit. Each ``[variants.NAME]`` table is merged over the base
-(tables merge key by key, arrays are replaced). docs/sim.md lists every key.
+Times are seconds as numbers, or strings with a unit (``"300ms"``, ``"2s"``, ``"1m"``),
+read as `deadlines plan` reads them; ``"none"`` removes a limit. Each
+``[variants.NAME]`` table is merged over the base (tables merge key by key, arrays are
+replaced). docs/sim.md lists every key.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from typing import Any
 
 from deadlines import Retry
 
+from .._tools import durations
+from .._tools.toml_lines import Locator, path_of
 from .model import (
     POLICIES,
     Calls,
@@ -53,12 +56,7 @@ from .model import (
     Work,
 )
 
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "us": 1e-6}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|us|s|m)?\s*$")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-_LONGEST = 366 * 24 * 3600.0
-#: What a duration looks like, for error messages.
-EXPECTED = 'a duration with a unit (us, ms, s or m), like "300ms" or "2s", or seconds as a number'
 
 _TIMING_KEYS = ("duration", "drain", "sample", "window")
 _MODEL_KEYS = ("services", "load", "faults")
@@ -132,7 +130,7 @@ def scenario_from_dict(
     try:
         return _scenario(data, default_name)
     except _Invalid as exc:
-        line = _locate(text, exc.key) if text is not None else None
+        line = Locator(text).line(path_of(exc.key)) if text is not None and exc.key else None
         raise ScenarioError(exc.message, key=exc.key, source=source, line=line) from None
 
 
@@ -150,16 +148,6 @@ def with_overrides(
             model = replace(model, drain=_non_negative(drain, "drain"))
         variants[name] = model
     return replace(scenario, variants=variants)
-
-
-def parse_duration(value: str | float) -> float:
-    """Seconds from ``"300ms"``, ``"2s"``, ``"1m"`` or a number; `ValueError` if invalid."""
-    try:
-        seconds = _duration(value, "duration")
-    except _Invalid as exc:
-        raise ValueError(exc.message) from None
-    assert seconds is not None
-    return seconds
 
 
 def _positive(value: float, name: str) -> float:
@@ -547,20 +535,11 @@ def _duration(
             return None
         if text == "forever" and allow_forever:
             return math.inf
-        match = _DURATION.match(text)
-        if match is None:
-            raise _Invalid(key, f"expected {EXPECTED}, got {value!r}")
-        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        extra = ' or "none"' if allow_none else ""
-        raise _Invalid(key, f"expected {EXPECTED}{extra}, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise _Invalid(key, f"must be a finite duration >= 0, got {value!r}")
-    if seconds > _LONGEST:
-        raise _Invalid(key, f"{value!r} is more than a year; milliseconds given as seconds?")
-    return seconds
+    try:
+        return durations.parse(value)
+    except ValueError as exc:
+        extra = ' (or "none" for no limit)' if allow_none else ""
+        raise _Invalid(key, f"{exc}{extra}") from None
 
 
 def _distribution(value: Any, key: str) -> Distribution:
@@ -658,45 +637,3 @@ def _optional_int(value: Any, key: str, *, low: int = 1) -> int | None:
     if value is None or value == "unbounded":
         return None
     return _int(value, key, low=low)
-
-
-# Finding the line of a key, best effort: tomllib reports no positions.
-
-
-def _locate(text: str, key: str) -> int | None:
-    """The 1-based line where dotted `key` is set, when it can be found unambiguously."""
-    if not key:
-        return None
-    parts = [p for p in re.split(r"\.", re.sub(r"\[(\d+)\]", r".#\1", key)) if p]
-    lines = text.splitlines()
-    # Walk down: find the header of the longest table prefix, then the key below it.
-    for cut in range(len(parts), 0, -1):
-        header = parts[:cut]
-        line = _header_line(lines, header)
-        if line is not None:
-            if cut == len(parts):
-                return line + 1
-            name = parts[cut].lstrip("#")
-            for i in range(line + 1, len(lines)):
-                stripped = lines[i].strip()
-                if stripped.startswith("["):
-                    break
-                if re.match(rf"^{re.escape(name)}\s*=", stripped):
-                    return i + 1
-            return line + 1
-    return None
-
-
-def _header_line(lines: list[str], parts: list[str]) -> int | None:
-    """The index of the table header naming `parts` (with '#n' for the nth array entry)."""
-    names = [p for p in parts if not p.startswith("#")]
-    index = next((int(p[1:]) for p in parts if p.startswith("#")), None)
-    if parts[-1].startswith("#"):
-        wanted = f"[[{'.'.join(names)}]]"
-        hits = [i for i, line in enumerate(lines) if line.strip() == wanted]
-        return hits[index] if index is not None and index < len(hits) else None
-    if index is not None:
-        return None
-    wanted = f"[{'.'.join(names)}]"
-    hits = [i for i, line in enumerate(lines) if line.strip() == wanted]
-    return hits[0] if len(hits) == 1 else None
