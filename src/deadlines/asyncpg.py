@@ -38,12 +38,10 @@ from .postgres import (
     POSTGRES,
     Finding,
     TransactionLimits,
-    acquire_within,
     findings,
-    guarded,
     transaction_limits,
-    within,
 )
+from .postgres._driver import acquire_within, guarded, within
 
 __all__ = ["audit", "server_version", "transaction"]
 

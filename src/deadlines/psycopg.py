@@ -45,17 +45,14 @@ from .postgres import (
     IDENTITY_SQL,
     POSTGRES,
     Finding,
-    Overrun,
     TransactionLimits,
-    acquire_within,
     budget_error,
     expired,
     findings,
-    guarded,
     transaction_limits,
     translate,
-    within,
 )
+from .postgres._driver import Overrun, acquire_within, guarded, within
 
 __all__ = ["audit_async", "transaction", "transaction_sync"]
 
