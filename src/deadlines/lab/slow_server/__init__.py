@@ -27,11 +27,11 @@ import aiohttp
 
 import deadlines
 
-from .._tools.stats import percentile
-from . import _params, chapter, report
-from .harness import Processes
-from .load import LoadRun, run_open_loop
-from .progress import Progress
+from ..._tools.stats import percentile
+from .. import _params, chapter, report
+from ..harness import Processes
+from ..load import LoadRun, run_open_loop
+from ..progress import Progress
 
 POLICIES = ("round_robin", "least_outstanding", "round_robin+deadlines")
 _KNOWN = {"round_robin", "least_outstanding"}
@@ -248,7 +248,7 @@ def run_policy(p: Params, policy: str) -> dict[str, Any]:
     shed = ["--shed"] if policy.endswith("+deadlines") else []
     with Processes() as procs:
         backends = procs.start_all(
-            [("slow_backend", ["--service-ms", str(p.service_ms), *shed])] * p.servers
+            [("slow_server.backend", ["--service-ms", str(p.service_ms), *shed])] * p.servers
         )
         return asyncio.run(_drive(p, policy, [b.url for b in backends]))
 
