@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,8 +151,3 @@ async def run_open_loop(
         with contextlib.suppress(asyncio.CancelledError):
             await task
     return run
-
-
-def monotonic_ms(since: float) -> float:
-    """Milliseconds from `since` (a `time.monotonic()` reading) to now."""
-    return (time.monotonic() - since) * 1000.0
