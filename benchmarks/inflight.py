@@ -109,8 +109,8 @@ def measure(duration: float, every: float, variant: str = "deadlines") -> dict[s
     with Processes() as procs:
         down, api = procs.start_all(
             [
-                ("cascade_downstream", ["--price-ms", "5"]),
-                ("cascade_api", [
+                ("cascade.downstream", ["--price-ms", "5"]),
+                ("cascade.api", [
                     "--variant", variant,
                     "--pool-size", str(POOL),
                     "--recs-timeout", str(RECS_LIMIT),

@@ -31,10 +31,12 @@ from ._errors import (
     ConnectTimeout,
     DeadlineExceeded,
     DeadlinesError,
+    FirstItemTimeout,
     HeadersTimeout,
     IdleTimeout,
     Phase,
     PoolTimeout,
+    StreamIdleTimeout,
     TotalTimeout,
 )
 from ._events import (
@@ -56,7 +58,6 @@ from ._limit import AdaptiveLimit
 from ._retry_budget import RetryBudget
 from ._scope import carry, check, current, remaining, scope
 from ._throttle import OVERLOAD_STATUSES, Throttle
-from .streams import FirstItemTimeout, StreamIdleTimeout
 
 try:
     __version__ = _version("deadlines")

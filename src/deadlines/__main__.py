@@ -1,9 +1,9 @@
 """The `deadlines` command line: `deadlines --help`, `python -m deadlines --help`.
 
 Each subcommand lives in its own module and registers itself in `_COMMANDS`; the
-module is imported only when its subcommand runs, so `deadlines --help` stays fast
-and needs no optional dependency. Every subcommand follows one set of rules for exit
-codes and errors (`deadlines._cli`, docs/cli.md).
+module is imported only when its subcommand runs, so `deadlines --help` loads the core
+and the CLI only, stays fast and needs no optional dependency. Every subcommand follows
+one set of rules for exit codes and errors (`deadlines._cli`, docs/cli.md).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
     "plan": ("deadlines.plan.cli", "Propose timeouts from measured latency; check a call tree."),
     "audit": ("deadlines.audit.cli", "Find unbounded waits in Python code (static check)."),
     "sim": ("deadlines.sim.cli", "Simulate a scenario (TOML): cascades, chains, slow servers."),
-    "pg-audit": ("deadlines.postgres", "Report Postgres settings that run with no time limit."),
+    "pg-audit": ("deadlines.audit.pg_cli", "Report Postgres settings that run with no time limit."),
     "lab": ("deadlines.lab.cli", "Reproduce the chapter's measured failures with real processes."),
 }
 
@@ -36,8 +36,8 @@ class _Parser(argparse.ArgumentParser):
         self.exit(_cli.USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every registered subcommand."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; only `command`'s module is imported, to add its arguments."""
     parser = _Parser(
         prog="deadlines",
         description="One time budget for every hop: lab, simulator, planner and audit.",
@@ -45,15 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"deadlines {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in _COMMANDS.items():
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub.add_parser(name, help=help_text, description=help_text))
+        subparser = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:
+            importlib.import_module(module_name).add_arguments(subparser)
     return parser
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand `argv` names: its first word that is not an option."""
+    return next((word for word in argv if not word.startswith("-")), None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command(words))
+    args = parser.parse_args(words)
     if args.command is None:
         parser.print_help()
         return 0

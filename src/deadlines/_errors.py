@@ -182,6 +182,23 @@ class TotalTimeout(CallTimeout):
         return "total"
 
 
+class FirstItemTimeout(HeadersTimeout):
+    """The stream's first item (an LLM's first token) did not come within `first`.
+
+    Phase ``"headers"``: the request was sent, nothing usable came back. Nothing was
+    shown to the user yet, so this is the moment to fail over to another provider.
+    """
+
+    @property
+    def kind(self) -> str:
+        """``"first item"``."""
+        return "first item"
+
+
+class StreamIdleTimeout(IdleTimeout):
+    """The stream went silent for longer than `idle` between two items (phase ``"body"``)."""
+
+
 class CallerLeft(DeadlinesError):
     """The caller went away (its connection closed), so the work under it was stopped."""
 

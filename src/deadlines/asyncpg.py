@@ -37,13 +37,11 @@ from .postgres import (
     IDENTITY_SQL,
     POSTGRES,
     Finding,
-    Limits,
-    acquire_within,
+    TransactionLimits,
     findings,
-    guarded,
-    plan,
-    within,
+    transaction_limits,
 )
+from .postgres._driver import acquire_within, guarded, within
 
 __all__ = ["audit", "server_version", "transaction"]
 
@@ -154,11 +152,11 @@ async def _begin(
     reserve: float,
     check_interval: float | timedelta | None,
     grace: float,
-) -> Limits:
+) -> TransactionLimits:
     """BEGIN, then SET LOCAL the limits computed from what is left after BEGIN."""
     try:
         await tx.start()
-        limits = plan(
+        limits = transaction_limits(
             budget,
             server_version=server_version(tx.conn),
             lock_timeout=lock_timeout,

@@ -45,17 +45,14 @@ from .postgres import (
     IDENTITY_SQL,
     POSTGRES,
     Finding,
-    Limits,
-    Overrun,
-    acquire_within,
+    TransactionLimits,
     budget_error,
     expired,
     findings,
-    guarded,
-    plan,
+    transaction_limits,
     translate,
-    within,
 )
+from .postgres._driver import Overrun, acquire_within, guarded, within
 
 __all__ = ["audit_async", "transaction", "transaction_sync"]
 
@@ -78,8 +75,8 @@ def _plan(
     lock_timeout: float | timedelta | None,
     reserve: float,
     check_interval: float | timedelta | None,
-) -> Limits:
-    return plan(
+) -> TransactionLimits:
+    return transaction_limits(
         budget,
         server_version=conn.info.server_version,
         lock_timeout=lock_timeout,
@@ -142,7 +139,7 @@ async def _abegin(
     reserve: float,
     check_interval: float | timedelta | None,
     grace: float,
-) -> Limits:
+) -> TransactionLimits:
     # psycopg answers a cancelled statement by waiting up to 5 s for its cancel request:
     # watched, as the body is, so that a cancel request that hangs costs ~2 x `grace`.
     watch = Overrun(budget.end, grace)
@@ -241,7 +238,7 @@ def _begin(
     lock_timeout: float | timedelta | None,
     reserve: float,
     check_interval: float | timedelta | None,
-) -> Limits:
+) -> TransactionLimits:
     try:
         if conn.autocommit:
             conn.execute("BEGIN")
@@ -255,7 +252,7 @@ def _begin(
 
 
 @contextmanager
-def _guarded(conn: AnyConnection, limits: Limits, grace: float) -> Iterator[None]:
+def _guarded(conn: AnyConnection, limits: TransactionLimits, grace: float) -> Iterator[None]:
     budget = limits.budget
     watchdog = _Watchdog(conn, budget, grace)
     try:

@@ -35,10 +35,10 @@ from .postgres import (
     DEFAULT_CHECK_INTERVAL,
     DEFAULT_RESERVE,
     POSTGRES,
-    Limits,
+    TransactionLimits,
     budget_error,
     expired,
-    plan,
+    transaction_limits,
     translate,
 )
 
@@ -71,7 +71,7 @@ class _Hooks:
         if _scope.current() is None:
             return
         budget = CallBudget(self.dependency)  # BudgetExhausted: nothing is sent
-        limits = plan(
+        limits = transaction_limits(
             budget,
             server_version=_server_version(conn),
             lock_timeout=self.lock_timeout,
@@ -88,7 +88,7 @@ class _Hooks:
 
     def commit(self, conn: Connection) -> None:
         """Refuse to commit once the deadline has passed: the caller has given up."""
-        limits: Limits | None = conn.info.get(_KEY)
+        limits: TransactionLimits | None = conn.info.get(_KEY)
         if limits is not None and expired(limits.budget):
             raise budget_error(limits.budget)
         conn.info.pop(_KEY, None)
@@ -100,7 +100,7 @@ class _Hooks:
     def handle_error(self, context: ExceptionContext) -> BaseException | None:
         """Raise Postgres timeouts of a limited transaction as `deadlines` errors."""
         conn = context.connection
-        limits: Limits | None = None if conn is None else conn.info.get(_KEY)
+        limits: TransactionLimits | None = None if conn is None else conn.info.get(_KEY)
         if limits is None or context.original_exception is None:
             return None
         return translate(context.original_exception, limits)

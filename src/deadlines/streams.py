@@ -45,7 +45,7 @@ from typing import Any, Generic, Literal, TypeVar, overload
 from . import _clock, _scope, _validate
 from ._budget import CallBudget
 from ._dependency import Dependency
-from ._errors import HeadersTimeout, IdleTimeout
+from ._errors import FirstItemTimeout, HeadersTimeout, IdleTimeout, StreamIdleTimeout
 
 T = TypeVar("T")
 
@@ -64,23 +64,6 @@ CLOSE_GRACE = 1.0
 
 _Which = Literal["headers", "idle"]
 Closer = Callable[[], object]
-
-
-class FirstItemTimeout(HeadersTimeout):
-    """The stream's first item (an LLM's first token) did not come within `first`.
-
-    Phase ``"headers"``: the request was sent, nothing usable came back. Nothing was
-    shown to the user yet, so this is the moment to fail over to another provider.
-    """
-
-    @property
-    def kind(self) -> str:
-        """``"first item"``."""
-        return "first item"
-
-
-class StreamIdleTimeout(IdleTimeout):
-    """The stream went silent for longer than `idle` between two items (phase ``"body"``)."""
 
 
 def _limits(

@@ -25,10 +25,10 @@ def test_suppressions_are_few_and_deliberate() -> None:
     )
     assert suppressed == [
         "aiohttp/_session.py",
-        "lab/cascade.py",
-        "lab/cascade_api.py",
-        "lab/chain.py",
-        "lab/chain_hop.py",
-        "lab/defaults_clients.py",
-        "lab/defaults_exit.py",
+        "lab/cascade/__init__.py",
+        "lab/cascade/api.py",
+        "lab/chain/__init__.py",
+        "lab/chain/hop.py",
+        "lab/defaults/clients.py",
+        "lab/defaults/exit.py",
     ]

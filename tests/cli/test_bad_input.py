@@ -129,7 +129,10 @@ CASES = {
     # Units: the message lists the accepted ones.
     "plan-unit-h": Case(["plan", "hours.toml"], 2, ("route.deadline", "(us, ms, s, m or min)")),
     "sim-unit-h": Case(
-        ["sim", "short.toml", "--duration", "2h"], 2, ("--duration", "(us, ms, s or m)")
+        ["sim", "short.toml", "--duration", "2h"], 2, ("--duration", "(us, ms, s, m or min)")
+    ),
+    "lab-unit-h": Case(
+        ["lab", "cascade", "--duration", "2h"], 2, ("--duration", "(us, ms, s, m or min)")
     ),
     "lab-cascade-too-many-requests": Case(
         ["lab", "cascade", "--duration", "3000"], 2, ("180,000 requests", "deadlines sim")

@@ -136,7 +136,6 @@ CASES = {
 # Requirements of an integration extra that no import fails without, and why.
 NOT_IMPORTED = {
     ("psycopg", "psycopg-pool"): "imported only for a pool the caller passes",
-    ("fastapi", "starlette"): "a floor under FastAPI's own dependency",
 }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deadlines.lab import defaults_clients
+from deadlines.lab.defaults import clients as defaults_clients
 
 
 def test_a_row_waiting_for_a_thread_does_not_count_the_wait(

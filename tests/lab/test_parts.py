@@ -14,7 +14,7 @@ import pytest
 from deadlines.lab import report
 from deadlines.lab._http import HttpServer, Request, Response
 from deadlines.lab.harness import AppFailed, Processes
-from deadlines.lab.load import percentile, run_open_loop, schedule
+from deadlines.lab.load import run_open_loop, schedule
 from deadlines.lab.slow_server import Balancer
 from testservers import Postgres
 
@@ -25,7 +25,7 @@ def test_processes_are_stopped_even_when_the_block_fails() -> None:
     """An error inside `with Processes()` still terminates and reaps every child."""
     procs = Processes()
     with pytest.raises(RuntimeError, match="boom"), procs:
-        child = procs.start("cascade_downstream")
+        child = procs.start("cascade.downstream")
         assert child.port > 0 and child.process.poll() is None
         raise RuntimeError("boom")
     assert child.process.poll() is not None
@@ -35,7 +35,7 @@ def test_processes_are_stopped_even_when_the_block_fails() -> None:
 def test_an_app_that_cannot_start_is_reported_with_its_stderr() -> None:
     """A child that exits before announcing readiness raises AppFailed with what it said."""
     with Processes() as procs, pytest.raises(AppFailed, match="--variant"):
-        procs.start("cascade_api")  # --variant is required
+        procs.start("cascade.api")  # --variant is required
 
 
 def test_a_child_exits_when_the_lab_process_dies(tmp_path) -> None:
@@ -44,7 +44,7 @@ def test_a_child_exits_when_the_lab_process_dies(tmp_path) -> None:
         "import sys, time\n"
         "from deadlines.lab.harness import Processes\n"
         "p = Processes()\n"
-        "c = p.start('cascade_downstream')\n"
+        "c = p.start('cascade.downstream')\n"
         "print(c.pid, flush=True)\n"
         "time.sleep(60)\n"
     )
@@ -98,13 +98,10 @@ async def test_open_loop_cancels_what_is_still_waiting_after_the_drain() -> None
     assert all(s.ok for s in run.of("ok"))
 
 
-def test_schedule_and_percentile() -> None:
-    """Evenly spaced starts per stream; nearest-rank percentiles."""
+def test_schedule() -> None:
+    """Evenly spaced starts per stream."""
     plan = schedule({"x": 4.0}, 1.0)
     assert [t for t, _, _ in plan] == [0.0, 0.25, 0.5, 0.75]
-    assert percentile([5.0, 1.0, 3.0, 2.0, 4.0], 50) == 3.0
-    assert percentile(list(range(1, 101)), 99) == 99
-    assert percentile([], 99) is None
     with pytest.raises(ValueError, match="rate"):
         schedule({"x": -1.0}, 1.0)
 
@@ -240,10 +237,11 @@ def test_chain_commits_into_postgres_with_dsn(pg_server: Postgres) -> None:
 
 def test_a_variant_whose_modules_are_missing_is_pending_not_faked(monkeypatch) -> None:
     """Without the library's integrations the deadlines variant is reported pending, no figures."""
-    from deadlines.lab import _cascade_deadlines, cascade
+    from deadlines.lab import cascade
+    from deadlines.lab.cascade import _deadlines as cascade_deadlines
     from deadlines.lab.progress import Progress
 
-    monkeypatch.setattr(_cascade_deadlines, "missing", lambda: "waiting for deadlines.aiohttp")
+    monkeypatch.setattr(cascade_deadlines, "missing", lambda: "waiting for deadlines.aiohttp")
     result = cascade.run(cascade.Params(variants=("deadlines",)), Progress(quiet=True))
     assert result["variants"] == {}
     assert result["pending"] == {"deadlines": "waiting for deadlines.aiohttp"}
@@ -256,12 +254,13 @@ def test_flags_reach_the_experiment_they_belong_to() -> None:
     from deadlines.__main__ import build_parser
     from deadlines.lab import cli
 
-    args = build_parser().parse_args(["lab", "--variants", "fixed,timeout", "--pool-size", "7"])
+    words = ["lab", "--variants", "fixed,timeout", "--pool-size", "7"]
+    args = build_parser("lab").parse_args(words)
     assert args.experiment == "all"
     assert cli.params_for("chain", args).variants == ("fixed",)
     cascade = cli.params_for("cascade", args)
     assert cascade.variants == ("timeout",) and cascade.pool_size == 7
-    quick = build_parser().parse_args(["lab", "slow-server", "--quick", "--rate", "40"])
+    quick = build_parser("lab").parse_args(["lab", "slow-server", "--quick", "--rate", "40"])
     params = cli.params_for("slow-server", quick)
     assert params.rate == 40 and params.run_for == 3.0
 
@@ -307,3 +306,16 @@ def test_chain_verdict_explains_the_propagated_difference() -> None:
     assert rows == ["fixed timeouts", "the chapter (Node)", "propagated (deadlines)",
                     "the chapter (Node)"]  # fmt: skip
     assert max(len(line) for line in table[0].text().splitlines()) <= 100
+
+
+def test_an_experiment_does_not_import_its_processes() -> None:
+    """Importing an experiment leaves its processes' modules to `python -m` (one copy each)."""
+    code = (
+        "import sys, importlib\n"
+        "for name in ('cascade', 'chain', 'defaults', 'slow_server'):\n"
+        "    importlib.import_module(f'deadlines.lab.{name}')\n"
+        "lab = [m for m in sys.modules if m.startswith('deadlines.lab.')]\n"
+        "print(sorted(m for m in lab if m.count('.') == 3))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

@@ -145,7 +145,7 @@ def chain_twin(p: dict[str, Any]) -> Any:
     variants["fixed"]["services"]["a"]["calls"]["b"]["timeout"] = p["ab_timeout"]
     variants["fixed"]["services"]["b"]["calls"]["c"]["timeout"] = p["bc_timeout"]
     for hop in ("a", "b", "c"):
-        # chain_hop's DeadlineMiddleware: header budget (default 10 s, at most 60 s) - reserve
+        # chain.hop's DeadlineMiddleware: header budget (default 10 s, at most 60 s) - reserve
         policy = {"default": 10.0, "max": 60.0, "reserve": p["reserve"]}
         variants["propagated"]["services"][hop]["deadline"] = policy
     data["variants"] = {name: variants[name] for name in p["variants"]}

@@ -19,7 +19,7 @@ from cryptography.x509.oid import NameOID
 
 import deadlines
 from deadlines._events import CallFinished
-from deadlines.lab.defaults_clients import open_connections
+from deadlines.lab.defaults.clients import open_connections
 from deadlines.lab.servers import Connection, Server
 
 #: Firing tolerance: early by at most 10 ms, late by at most 500 ms (a loaded 2-core box).

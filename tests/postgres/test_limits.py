@@ -20,7 +20,9 @@ class FakePgError(Exception):
 def test_limits_are_whole_ms_minus_the_reserve_and_never_zero() -> None:
     """1.5 s left gives 1480 ms; less than reserve + 1 ms fails fast instead of sending 0."""
     with FakeClock(), deadlines.scope(1.5):
-        limits = postgres.plan(deadlines.CallBudget(postgres.POSTGRES), server_version=150004)
+        limits = postgres.transaction_limits(
+            deadlines.CallBudget(postgres.POSTGRES), server_version=150004
+        )
         assert limits.statement_ms == 1480 and limits.lock_ms == 1480
         assert limits.statement_source == "deadline" and limits.transaction_ms is None
         assert "set_config('statement_timeout', '1480', true)" in limits.sql()
@@ -28,23 +30,24 @@ def test_limits_are_whole_ms_minus_the_reserve_and_never_zero() -> None:
     with FakeClock(), deadlines.scope(0.0205):
         budget = deadlines.CallBudget(postgres.POSTGRES)
         with pytest.raises(deadlines.BudgetExhausted):
-            postgres.plan(budget, server_version=150004)
+            postgres.transaction_limits(budget, server_version=150004)
 
 
 def test_transaction_timeout_only_on_postgres_17() -> None:
     """transaction_timeout is set on 17+, where it exists, and not before."""
     with FakeClock(), deadlines.scope(2.0):
         budget = deadlines.CallBudget(postgres.POSTGRES)
-        assert postgres.plan(budget, server_version=170002).transaction_ms == 1980
-        assert "transaction_timeout" not in postgres.plan(budget, server_version=160000).sql()
+        assert postgres.transaction_limits(budget, server_version=170002).transaction_ms == 1980
+        before_17 = postgres.transaction_limits(budget, server_version=160000)
+        assert "transaction_timeout" not in before_17.sql()
 
 
 def test_lock_timeout_below_the_statement_limit_only() -> None:
     """lock_timeout caps lock waits; above the statement limit it changes nothing."""
     with FakeClock(), deadlines.scope(1.0):
         budget = deadlines.CallBudget(postgres.POSTGRES)
-        low = postgres.plan(budget, server_version=150000, lock_timeout=0.25)
-        high = postgres.plan(budget, server_version=150000, lock_timeout=5.0)
+        low = postgres.transaction_limits(budget, server_version=150000, lock_timeout=0.25)
+        high = postgres.transaction_limits(budget, server_version=150000, lock_timeout=5.0)
     assert (low.lock_ms, low.lock_source) == (250, "lock")
     assert (high.lock_ms, high.lock_source) == (980, "deadline")
 
@@ -54,12 +57,14 @@ def test_translate_names_the_limit_that_fired() -> None:
     timeout = FakePgError("canceling statement due to statement timeout", "57014")
     lock = FakePgError("canceling statement due to lock timeout", "55P03")
     with FakeClock(), deadlines.scope(1.0):
-        limits = postgres.plan(deadlines.CallBudget(postgres.POSTGRES), server_version=150000)
+        limits = postgres.transaction_limits(
+            deadlines.CallBudget(postgres.POSTGRES), server_version=150000
+        )
         assert type(postgres.translate(timeout, limits)) is deadlines.DeadlineExceeded
         assert type(postgres.translate(lock, limits)) is deadlines.DeadlineExceeded
     dep = deadlines.Dependency("db", headers=0.5)
     with FakeClock(), deadlines.scope(5.0):
-        limits = postgres.plan(deadlines.CallBudget(dep), server_version=150000)
+        limits = postgres.transaction_limits(deadlines.CallBudget(dep), server_version=150000)
         assert isinstance(postgres.translate(timeout, limits), postgres.StatementTimeout)
         assert isinstance(postgres.translate(lock, limits), postgres.LockTimeout)
         nowait = FakePgError("could not obtain lock on row", "55P03")

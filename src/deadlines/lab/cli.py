@@ -22,6 +22,7 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from .._cli import UsageError, missing_modules, output_file
+from .._tools import durations
 from .progress import Progress
 
 #: experiment -> its module (imported when it runs: `deadlines --help` needs no extra)
@@ -82,6 +83,9 @@ _SECTIONS = {
     ),
 }
 
+#: A flag's kind for seconds: "300ms", "2s" or a number, read as `sim` and `plan` read them.
+SECONDS = durations.flag
+
 #: dest -> (experiment, Params field)
 _FLAGS: dict[str, tuple[str, str]] = {}
 
@@ -94,7 +98,7 @@ def _flag(group: Any, experiment: str, field: str, kind: Any, help_text: str) ->
     elif kind is bool:
         group.add_argument(flag, dest=dest, action="store_const", const=True, help=help_text)
     else:
-        metavar = "DSN" if kind is str else "N"
+        metavar = {str: "DSN", SECONDS: "TIME"}.get(kind, "N")
         group.add_argument(flag, dest=dest, type=kind, metavar=metavar, help=help_text)
     _FLAGS[dest] = (experiment, field)
 
@@ -119,40 +123,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     _FLAGS.clear()
     g = parser.add_argument_group("defaults")
-    _flag(g, "defaults", "cap", float, "seconds a case may run before '> cap' (15)")
-    _flag(g, "defaults", "limit", float, "the common options' timeout, s (2)")
-    _flag(g, "defaults", "interval", float, "trickle servers: seconds per byte (1)")
+    _flag(g, "defaults", "cap", SECONDS, "seconds a case may run before '> cap' (15)")
+    _flag(g, "defaults", "limit", SECONDS, "the common options' timeout, s (2)")
+    _flag(g, "defaults", "interval", SECONDS, "trickle servers: seconds per byte (1)")
     _flag(g, "defaults", "long", bool, "let blackholed connects run until the kernel gives up"
           " (~2 min more)")  # fmt: skip
     g = parser.add_argument_group("cascade")
-    _flag(g, "cascade", "duration", float, "seconds of load (10)")
+    _flag(g, "cascade", "duration", SECONDS, "seconds of load (10)")
     _flag(g, "cascade", "home_rate", float, "/home requests per second (50)")
     _flag(g, "cascade", "checkout_rate", float, "/checkout requests per second (10)")
     _flag(g, "cascade", "pool_size", int, "connections per pool (20)")
-    _flag(g, "cascade", "recs_timeout", float, "timeout/deadlines: limit on recs, s (0.3)")
-    _flag(g, "cascade", "checkout_timeout", float, "what the client gives /checkout, s (5)")
-    _flag(g, "cascade", "home_deadline", float, "deadlines: /home's route deadline, s (1)")
+    _flag(g, "cascade", "recs_timeout", SECONDS, "timeout/deadlines: limit on recs, s (0.3)")
+    _flag(g, "cascade", "checkout_timeout", SECONDS, "what the client gives /checkout, s (5)")
+    _flag(g, "cascade", "home_deadline", SECONDS, "deadlines: /home's route deadline, s (1)")
     g = parser.add_argument_group("cascade and chain")
     _flag(g, "*", "variants", tuple, "cascade: no_timeout,timeout,bulkhead,deadlines; "
           "chain: fixed,propagated")  # fmt: skip
     g = parser.add_argument_group("chain")
-    _flag(g, "chain", "user_wait", float, "how long the user waits, s (2)")
-    _flag(g, "chain", "a_work", float, "A's own work, s (0.2)")
-    _flag(g, "chain", "b_work", float, "B's own work, s (0.3)")
-    _flag(g, "chain", "c_work", float, "C's work before its commit, s (3)")
-    _flag(g, "chain", "ab_timeout", float, "fixed: A's timeout on B, s (1.8)")
-    _flag(g, "chain", "bc_timeout", float, "fixed: B's timeout on C, s (2)")
-    _flag(g, "chain", "reserve", float, "propagated: reserve per hop, s (0.05)")
+    _flag(g, "chain", "user_wait", SECONDS, "how long the user waits, s (2)")
+    _flag(g, "chain", "a_work", SECONDS, "A's own work, s (0.2)")
+    _flag(g, "chain", "b_work", SECONDS, "B's own work, s (0.3)")
+    _flag(g, "chain", "c_work", SECONDS, "C's work before its commit, s (3)")
+    _flag(g, "chain", "ab_timeout", SECONDS, "fixed: A's timeout on B, s (1.8)")
+    _flag(g, "chain", "bc_timeout", SECONDS, "fixed: B's timeout on C, s (2)")
+    _flag(g, "chain", "reserve", SECONDS, "propagated: reserve per hop, s (0.05)")
     _flag(g, "chain", "dsn", str, "commit into Postgres at this DSN (default: SQLite)")
     g = parser.add_argument_group("slow-server")
     _flag(g, "slow-server", "servers", int, "backend processes (3)")
     _flag(g, "slow-server", "rate", float, "requests per second (90)")
-    _flag(g, "slow-server", "run_for", float, "seconds of load per policy (7)")
+    _flag(g, "slow-server", "run_for", SECONDS, "seconds of load per policy (7)")
     _flag(g, "slow-server", "service_ms", float, "one request's work on a backend, ms (20)")
     _flag(g, "slow-server", "slow_factor", float, "how much slower one backend gets (5)")
-    _flag(g, "slow-server", "slow_at", float, "when it gets slower, s (1)")
-    _flag(g, "slow-server", "request_deadline", float, "deadlines policy: budget, s (1)")
-    _flag(g, "slow-server", "client_timeout", float, "other policies: client gives up, s (3)")
+    _flag(g, "slow-server", "slow_at", SECONDS, "when it gets slower, s (1)")
+    _flag(g, "slow-server", "request_deadline", SECONDS, "deadlines policy: budget, s (1)")
+    _flag(g, "slow-server", "client_timeout", SECONDS, "other policies: client gives up, s (3)")
     _flag(g, "slow-server", "policies", tuple, "round_robin,least_outstanding,...")
 
 

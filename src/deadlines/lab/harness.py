@@ -105,7 +105,7 @@ class Processes:
     """Starts lab apps as child processes and guarantees they are all stopped.
 
     with Processes() as procs:
-        downstream = procs.start("cascade_downstream")
+        downstream = procs.start("cascade.downstream")
         ...                      # downstream.url, downstream.pid
     """
 

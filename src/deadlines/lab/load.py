@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,17 +151,3 @@ async def run_open_loop(
         with contextlib.suppress(asyncio.CancelledError):
             await task
     return run
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The `q`-th percentile (0-100, nearest rank) of `values`, None when empty."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
-    return ordered[min(rank, len(ordered)) - 1]
-
-
-def monotonic_ms(since: float) -> float:
-    """Milliseconds from `since` (a `time.monotonic()` reading) to now."""
-    return (time.monotonic() - since) * 1000.0

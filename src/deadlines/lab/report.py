@@ -73,11 +73,6 @@ def ms(value: float | None, *, unit: bool = True) -> str:
     return f"{value:,.0f} ms" if unit else f"{value:,.0f}"
 
 
-def seconds_cell(value_ms: float | None) -> str:
-    """Milliseconds shown as seconds with one decimal: ``2.0 s``."""
-    return "-" if value_ms is None else f"{value_ms / 1000.0:.1f} s"
-
-
 def write_json(path: str | Path, data: Any) -> Path:
     """Write `data` as indented JSON; return the path."""
     target = Path(path)

@@ -36,11 +36,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from . import _durations, _latency
+from .._tools import durations as _durations
+from .._tools.toml_lines import Locator
+from .._tools.toml_lines import Path as KeyPath
+from . import _latency
 from ._errors import PlanError
 from ._latency import Latency
-from ._locate import Locator
-from ._locate import Path as KeyPath
 
 Mode = Literal["sequential", "parallel"]
 Network = Literal["region", "internet"]

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .._tools.stats import percentile
 from ._errors import PlanError
 
 #: p99.9 from fewer observations than this is mostly noise: the planner does not use it.
@@ -70,20 +71,16 @@ def check_quantiles(p50: float, p99: float, p999: float | None) -> None:
 # Raw samples.
 
 
-def quantile(ordered: Sequence[float], q: float) -> float:
-    """The `q` quantile of sorted samples, interpolating between neighbours (R type 7)."""
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def from_samples(samples: Sequence[float], source: str) -> Latency:
     """Quantiles of raw samples in seconds; p99.9 only from enough of them."""
     if len(samples) < MIN_FOR_P99:
         raise ValueError(f"expected at least {MIN_FOR_P99} samples for a p99, got {len(samples)}")
     ordered = sorted(samples)
-    p999 = quantile(ordered, 0.999)
+    p50, p99, p999 = (percentile(ordered, q) for q in (0.5, 0.99, 0.999))
+    # Never None: there are at least MIN_FOR_P99 samples.
+    assert p50 is not None
+    assert p99 is not None
+    assert p999 is not None
     notes: tuple[str, ...] = ()
     if len(ordered) < MIN_FOR_P999:
         notes = (f"p99.9 not used: {len(ordered)} samples (needs {MIN_FOR_P999})",)
@@ -93,8 +90,8 @@ def from_samples(samples: Sequence[float], source: str) -> Latency:
         return bisect.bisect_right(ordered, limit) / n
 
     return Latency(
-        p50=quantile(ordered, 0.5),
-        p99=quantile(ordered, 0.99),
+        p50=p50,
+        p99=p99,
         p999=p999 if n >= MIN_FOR_P999 else None,
         source=f"{source} ({n} samples)",
         count=n,

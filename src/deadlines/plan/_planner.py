@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .._dependency import Dependency, Retry
+from .._tools.durations import format_seconds as fmt
 from . import _rules
 from ._config import Call, Group, Route
-from ._durations import format_seconds as fmt
 
 Severity = Literal["violation", "warning", "note"]
 

@@ -6,7 +6,7 @@ import json
 import re
 from typing import Any
 
-from ._durations import format_seconds as fmt
+from .._tools.durations import format_seconds as fmt
 from ._planner import CallPlan, Finding, GroupPlan, Plan
 from ._rules import SYN_RETRANSMIT, connect_timeout
 

@@ -14,20 +14,14 @@ from typing import TextIO
 
 from .._cli import UsageError, missing_modules, output_file
 from .._extras import missing
+from .._tools import durations
 from .run import RunTooLong, run_scenario
-from .scenario import ScenarioError, parse_duration
+from .scenario import ScenarioError
 
 HELP = "simulate a scenario (TOML): cascades, chains, slow servers, in hours of traffic"
 
 #: Runs estimated to take longer than this are refused unless --force is given.
 LONGEST_RUN = 3600.0
-
-
-def _seconds(text: str) -> float:
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,10 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, help="random seed (default: the scenario's)")
     parser.add_argument(
-        "--duration", type=_seconds, metavar="TIME", help='send load this long, e.g. "2s"'
+        "--duration", type=durations.flag, metavar="TIME", help='send load this long, e.g. "2s"'
     )
     parser.add_argument(
-        "--drain", type=_seconds, metavar="TIME", help="keep running this long after the load"
+        "--drain", type=durations.flag, metavar="TIME", help="keep running this long after the load"
     )
     parser.add_argument("--json", metavar="PATH", help="write the figures as JSON")
     parser.add_argument("--plot", metavar="PATH", help="write a PNG (needs matplotlib)")

@@ -16,7 +16,9 @@ Each request is a small state machine driven by timers; nothing blocks. The rule
   the deadline passes.
 
 Completions always come from a timer, never from inside a start, so no callback ever
-runs half-way through another one's bookkeeping. Randomness comes from one stream per
+runs half-way through another one's bookkeeping. This module has the requests, the
+clients and the run; the servers, their pools and balancers are in `servers`, a call
+to another service in `calls`. Randomness comes from one stream per
 purpose, seeded from the run's seed, so a run is reproducible to the event.
 """
 
@@ -24,31 +26,22 @@ from __future__ import annotations
 
 import gc
 import math
-import random
 import time
-from collections import deque
 from collections.abc import Callable
 
+from .calls import Call
 from .loop import Lane, Loop, Timer
 from .model import (
     Calls,
-    CallSpec,
-    DeadlinePolicy,
-    Distribution,
     Fault,
     LoadSpec,
     Model,
     Route,
-    ServiceSpec,
     Work,
 )
-from .stats import CallStats, InFlight, LoadStats, RouteStats, TraceRecord
+from .servers import DONE, NEW, QUEUED, RUNNING, Server, Service, stream
+from .stats import CallStats, LoadStats, TraceRecord
 
-#: Failures that happened before the request reached a server: safe to retry.
-UNSENT_CAUSES = frozenset({"pool_timeout", "connect_timeout", "refused", "rejected", "shed"})
-
-# Request states: arrived (not queued, no worker), queued, running on a worker, done.
-_NEW, _QUEUED, _RUNNING, _DONE = 0, 1, 2, 3
 #: A run with a progress callback goes in this many slices of simulated time.
 _SLICES = 100
 _STATUS = {"rejected": 503, "refused": 503, "shed": 503, "budget_exhausted": 504}
@@ -57,221 +50,6 @@ _STATUS = {"rejected": 503, "refused": 503, "shed": 503, "budget_exhausted": 504
 def status_of(cause: str | None) -> int:
     """The HTTP-like status a handler that ended with `cause` answers with."""
     return 200 if cause is None else _STATUS.get(cause, 504)
-
-
-def sampler(dist: Distribution, rng: random.Random) -> Callable[[], float]:
-    """A function drawing durations from `dist` with `rng`."""
-    kind, a, b = dist.kind, dist.a, dist.b
-    if kind == "constant":
-        return lambda: a
-    if kind == "exp":
-        rate = 1.0 / a
-        return lambda: rng.expovariate(rate)
-    if kind == "uniform":
-        return lambda: rng.uniform(a, b)
-    if kind == "lognormal":
-        mu, sigma = math.log(a), math.log(b / a) / 2.3263478740408408
-        return lambda: rng.lognormvariate(mu, sigma)
-    return lambda: math.inf
-
-
-class Pool:
-    """A bounded pool of connections with a FIFO queue of waiting calls."""
-
-    __slots__ = ("in_use", "in_use_max", "size", "waiters")
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.in_use = 0
-        self.in_use_max = 0
-        self.waiters: deque[Call] = deque()
-
-    def acquire(self, call: Call) -> bool:
-        """Take a connection now (True) or queue `call` for one (False)."""
-        if self.in_use < self.size:
-            self.in_use += 1
-            if self.in_use > self.in_use_max:
-                self.in_use_max = self.in_use
-            return True
-        call.pool_waiting = True
-        self.waiters.append(call)
-        return False
-
-    def release(self) -> None:
-        """Return a connection: hand it to the first call still waiting, if any."""
-        waiters = self.waiters
-        while waiters:
-            call = waiters.popleft()
-            if call.pool_waiting:  # withdrawn calls are skipped here, not searched for
-                call.pool_waiting = False
-                call.granted()
-                return
-        self.in_use -= 1
-
-
-class Server:
-    """One server of a service: workers, its queue, its pools and its fault state."""
-
-    __slots__ = (
-        "blackhole",
-        "busy",
-        "down",
-        "dropped",
-        "hung",
-        "index",
-        "outstanding",
-        "pools",
-        "queue",
-        "queue_max",
-        "queued",
-        "requests",
-        "served",
-        "service",
-        "slowdown",
-        "wasted",
-    )
-
-    def __init__(self, service: Service, index: int) -> None:
-        self.service = service
-        self.index = index
-        self.busy = 0
-        self.queue: deque[Request] = deque()
-        self.queued = 0
-        self.queue_max = 0
-        self.outstanding = 0
-        self.requests = 0
-        self.served = 0  # completed for a caller still waiting
-        self.wasted = 0  # completed after the caller had left
-        self.dropped = 0  # shed, or stopped by a deadline or the caller leaving
-        self.slowdown = 1.0
-        self.down = False
-        self.blackhole = False
-        self.hung: set[str | None] = set()
-        self.pools = {name: Pool(p.size) for name, p in service.spec.pools.items()}
-
-    def release_worker(self, sim: Simulation) -> None:
-        """A worker is free: start the next queued request, dropping expired ones."""
-        self.busy -= 1
-        expired: list[Request] = []
-        queue = self.queue
-        while queue:
-            request = queue.popleft()
-            if request.state != _QUEUED:
-                continue
-            self.queued -= 1
-            if request.should_shed(sim.loop.now):
-                expired.append(request)
-                continue
-            request.start()
-            break
-        for request in expired:  # after the worker is taken, so nobody jumps the queue
-            request.finish("shed")
-
-
-class Service:
-    """A service's servers, its load balancer and its per-route statistics."""
-
-    __slots__ = (
-        "call_lanes",
-        "deadline_lane",
-        "in_flight",
-        "lb",
-        "open",
-        "pick",
-        "policy",
-        "routes",
-        "samplers",
-        "servers",
-        "spec",
-        "stats",
-    )
-
-    def __init__(self, spec: ServiceSpec, seed: int) -> None:
-        self.spec = spec
-        self.policy: DeadlinePolicy | None = spec.deadline
-        self.servers = [Server(self, i) for i in range(spec.servers)]
-        self.stats = {name: RouteStats() for name in spec.routes}
-        self.routes: dict[str, Route] = spec.routes
-        self.in_flight = InFlight()  # handlers running or queued, orphans included
-        self.open = InFlight()  # requests whose caller is still connected
-        # Limits with one delay per source fire in time order: they wait in lanes.
-        self.deadline_lane = Lane()
-        self.call_lanes = {name: (Lane(), Lane()) for name in spec.calls}  # total, pool
-        self.lb = _Balancer(self.servers, _stream(seed, "lb", spec.name))
-        self.pick: Callable[[], Server] = getattr(self.lb, spec.lb)
-        # One random stream per step: variants of a scenario then see the same draws.
-        self.samplers: dict[str, list[Callable[[], float]]] = {
-            name: [
-                sampler(step.duration, _stream(seed, "work", spec.name, name, str(i)))
-                if isinstance(step, Work)
-                else _never
-                for i, step in enumerate(route.steps)
-            ]
-            for name, route in spec.routes.items()
-        }
-
-
-def _stream(seed: int, *purpose: str) -> random.Random:
-    """An independent, reproducible random stream for one purpose."""
-    return random.Random(":".join((str(seed), *purpose)))
-
-
-def _never() -> float:
-    return math.inf
-
-
-class _Balancer:
-    """The load-balancing policies; each method picks a server for one request."""
-
-    __slots__ = ("_next", "_rng", "_servers")
-
-    def __init__(self, servers: list[Server], rng: random.Random) -> None:
-        self._servers = servers
-        self._rng = rng
-        self._next = 0
-
-    def _healthy(self, server: Server) -> Server:
-        # A down server fails health checks; skip it while any other is up.
-        if not server.down:
-            return server
-        for other in self._servers:
-            if not other.down:
-                return other
-        return server
-
-    def round_robin(self) -> Server:
-        """Each server in turn."""
-        servers = self._servers
-        server = servers[self._next % len(servers)]
-        self._next += 1
-        return self._healthy(server)
-
-    def least_outstanding(self) -> Server:
-        """The server with the fewest requests in progress (ties: rotate)."""
-        servers = self._servers
-        n = len(servers)
-        start = self._next % n
-        self._next += 1
-        best = servers[start]
-        for k in range(1, n):
-            candidate = servers[(start + k) % n]
-            if candidate.outstanding < best.outstanding:
-                best = candidate
-        return self._healthy(best)
-
-    def p2c(self) -> Server:
-        """Power of two choices: the less busy of two servers drawn at random."""
-        servers = self._servers
-        n = len(servers)
-        if n == 1:
-            return self._healthy(servers[0])
-        draw = self._rng.random
-        first = int(draw() * n)
-        second = int(draw() * (n - 1))
-        if second >= first:
-            second += 1
-        a, b = servers[first], servers[second]
-        return self._healthy(a if a.outstanding <= b.outstanding else b)
 
 
 class Request:
@@ -314,7 +92,7 @@ class Request:
         self.route = route
         self.caller = caller
         self.arrived = now
-        self.state = _NEW
+        self.state = NEW
         self.step = 0
         self.pending = 0
         self.calls: list[Call] = []
@@ -352,7 +130,7 @@ class Request:
         elif spec.queue_limit is not None and server.queued >= spec.queue_limit:
             loop.at(loop.now, Request.finish_with, (self, "rejected"))
         else:
-            self.state = _QUEUED
+            self.state = QUEUED
             server.queue.append(self)
             server.queued += 1
             if server.queued > server.queue_max:
@@ -370,7 +148,7 @@ class Request:
 
     def start(self) -> None:
         """Take a worker and begin the first step."""
-        self.state = _RUNNING
+        self.state = RUNNING
         self.worker = True
         self.server.busy += 1
         stats = self.stats
@@ -408,7 +186,7 @@ class Request:
 
     def call_done(self, call: Call, cause: str | None) -> None:
         """One of the current step's calls ended (`cause` None: it succeeded)."""
-        if self.state != _RUNNING:
+        if self.state != RUNNING:
             return
         call.active = False
         if cause is not None:
@@ -432,11 +210,11 @@ class Request:
 
     def caller_left(self) -> None:
         """The caller stopped waiting; stop too if this service notices."""
-        if not self.orphan and self.state != _DONE:
+        if not self.orphan and self.state != DONE:
             self.service.open.add(self.sim.loop.now, -1)
         self.orphan = True
         policy = self.service.policy
-        if self.state != _DONE and policy is not None and policy.cancel_on_caller_left:
+        if self.state != DONE and policy is not None and policy.cancel_on_caller_left:
             self.finish("caller_left", stopped=True)
 
     @staticmethod
@@ -449,15 +227,15 @@ class Request:
 
         `stopped` says the handler's own deadline or its caller's leaving ended it.
         """
-        if self.state == _DONE:
+        if self.state == DONE:
             return
         sim = self.sim
         loop = sim.loop
         now = loop.now
         server = self.server
-        if self.state == _QUEUED:
+        if self.state == QUEUED:
             server.queued -= 1  # it stays in the deque; release_worker skips it
-        self.state = _DONE
+        self.state = DONE
         loop.cancel(self.deadline_timer)
         loop.cancel(self.work_timer)
         self.deadline_timer = self.work_timer = None
@@ -499,210 +277,6 @@ class Request:
         if cause != "caller_left":
             trace.answered = now
             trace.status = status_of(cause)
-
-
-class Call:
-    """One outbound call from a handler: pool, connect, send, wait; retries; fallback."""
-
-    __slots__ = (
-        "active",
-        "asked_at",
-        "attempts",
-        "cause",
-        "child",
-        "holding",
-        "lanes",
-        "owner",
-        "phase_timer",
-        "pool",
-        "pool_wait",
-        "pool_waiting",
-        "server",
-        "sim",
-        "spec",
-        "stats",
-        "timer",
-    )
-
-    def __init__(self, sim: Simulation, owner: Request, spec: CallSpec) -> None:
-        self.sim = sim
-        self.owner = owner
-        self.spec = spec
-        self.stats = sim.call_stats[owner.service.spec.name][spec.name]
-        self.stats.requests += 1
-        self.lanes = owner.service.call_lanes[spec.name]
-        self.active = True
-        self.attempts = 0
-        self.asked_at = 0.0
-        self.cause: str | None = None
-        self.child: Request | None = None
-        self.server: Server | None = None
-        self.timer: Timer | None = None  # the attempt's total limit, or the retry sleep
-        self.phase_timer: Timer | None = None  # pool wait, connect, or an immediate failure
-        self.holding = False
-        self.pool_waiting = False
-        self.pool: Pool | None = None
-        self.pool_wait: float | None = None
-        if spec.pool is not None:
-            self.pool = owner.server.pools[spec.pool]
-            self.pool_wait = owner.service.spec.pools[spec.pool].wait
-            if spec.pool_wait is not None:
-                self.pool_wait = spec.pool_wait
-
-    def attempt(self) -> None:
-        """Start one attempt: fail fast when too little time is left, else take a connection."""
-        loop = self.sim.loop
-        now = loop.now
-        remaining = self.owner.deadline - now
-        if remaining <= 0 or remaining < self.spec.min_useful:
-            self._fail_soon("budget_exhausted")
-            return
-        self.attempts += 1
-        self.stats.attempts += 1
-        if self.spec.timeout is not None:
-            when = now + self.spec.timeout
-            self.timer = loop.at_in(self.lanes[0], when, Call.on_timeout, self)
-        pool = self.pool
-        if pool is None:
-            self.connect()
-        elif pool.acquire(self):
-            self.holding = True
-            self.stats.pool_waited(0.0)
-            self.connect()
-        else:
-            self.asked_at = now
-            if self.pool_wait is not None:
-                when = now + self.pool_wait
-                self.phase_timer = loop.at_in(self.lanes[1], when, Call.on_pool_timeout, self)
-
-    def granted(self) -> None:
-        """The pool handed this waiting call a connection."""
-        self.holding = True
-        self.sim.loop.cancel(self.phase_timer)
-        self.phase_timer = None
-        self.stats.pool_waited(self.sim.loop.now - self.asked_at)
-        self.connect()
-
-    def connect(self) -> None:
-        """Pick a server and connect to it (instantly unless the service says otherwise)."""
-        target = self.sim.services[self.spec.service]
-        server = target.pick()
-        if server.down:
-            self._fail_soon("refused")
-            return
-        delay = math.inf if server.blackhole else target.spec.connect_time
-        cap = self.spec.connect
-        loop = self.sim.loop
-        if cap is not None and cap < delay:
-            self.phase_timer = loop.after(cap, Call.on_connect_timeout, self)
-        elif delay == 0.0:
-            self.send(server)
-        elif delay < math.inf:
-            self.server = server
-            self.phase_timer = loop.after(delay, Call.connected, self)
-
-    def connected(self) -> None:
-        """The connect phase ended: send."""
-        self.phase_timer = None
-        server, self.server = self.server, None
-        assert server is not None
-        self.send(server)
-
-    def send(self, server: Server) -> None:
-        """Send the request, with the caller's remaining time when it propagates."""
-        owner = self.owner
-        told = None
-        if self.spec.propagate and owner.deadline < math.inf:
-            told = owner.deadline - self.sim.loop.now
-        self.child = self.sim.arrive(
-            server, self.spec.route, self, told, traced=owner.trace is not None
-        )
-
-    # How an attempt ends.
-
-    def on_response(self, child: Request, cause: str | None) -> None:
-        """The callee answered."""
-        if child is self.child:
-            self.child = None
-            self.end_attempt(cause)
-
-    def on_timeout(self) -> None:
-        """The attempt's total limit fired."""
-        self.timer = None
-        self.end_attempt("timeout")
-
-    def on_pool_timeout(self) -> None:
-        """Waited too long for a connection."""
-        self.phase_timer = None
-        self.end_attempt("pool_timeout")
-
-    def on_connect_timeout(self) -> None:
-        """The connect did not complete in time."""
-        self.phase_timer = None
-        self.end_attempt("connect_timeout")
-
-    def _fail_soon(self, cause: str) -> None:
-        self.cause = cause
-        self.phase_timer = self.sim.loop.at(self.sim.loop.now, Call._failed, self)
-
-    def _failed(self) -> None:
-        self.phase_timer = None
-        self.end_attempt(self.cause)
-
-    def _stop_waiting(self) -> None:
-        """Stop every wait of the current attempt; the callee is told its caller left."""
-        loop = self.sim.loop
-        loop.cancel(self.timer)
-        loop.cancel(self.phase_timer)
-        self.timer = self.phase_timer = None
-        self.pool_waiting = False  # the pool skips a withdrawn waiter
-        self.server = None
-        child = self.child
-        if child is not None:
-            self.child = None
-            child.caller_left()
-        if self.holding:  # closing the connection frees it at once
-            self.holding = False
-            assert self.pool is not None
-            self.pool.release()
-
-    def end_attempt(self, cause: str | None) -> None:
-        """Settle an attempt: success, a retry after a backoff, or a final failure."""
-        self._stop_waiting()
-        if cause is not None:
-            backoff = self._retry_backoff(cause)
-            if backoff is not None:
-                self.stats.retries += 1
-                self.timer = self.sim.loop.after(backoff, Call.retry, self)
-                return
-            if self.spec.fallback:
-                self.stats.fallbacks += 1
-        self.stats.end(cause)
-        self.owner.call_done(self, cause)
-
-    def retry(self) -> None:
-        """The backoff sleep ended: try again."""
-        self.timer = None
-        self.attempt()
-
-    def _retry_backoff(self, cause: str) -> float | None:
-        """The sleep before another attempt, or None when the rules allow none."""
-        retry = self.spec.retry
-        if retry is None or self.attempts >= retry.attempts:
-            return None
-        if cause in ("deadline", "budget_exhausted"):
-            return None  # the shared budget is spent: another attempt cannot help
-        if cause not in UNSENT_CAUSES and not self.spec.idempotent:
-            return None  # the request was sent: its outcome is unknown
-        backoff = retry.backoff_for(self.attempts, self.sim.retry_rng.random())
-        if self.owner.deadline - self.sim.loop.now <= retry.expected + backoff:
-            return None
-        return backoff
-
-    def cancel(self) -> None:
-        """The handler is finishing: abandon the call."""
-        self.active = False
-        self._stop_waiting()
 
 
 class Client:
@@ -779,7 +353,7 @@ class Simulation:
             for name, spec in model.services.items()
         }
         self.load_stats = {load.name: LoadStats(model.window) for load in model.loads}
-        self.retry_rng = _stream(seed, "retry")
+        self.retry_rng = stream(seed, "retry")
         self.trace: dict[str, TraceRecord] = {}
         self.in_flight_end: dict[str, int] = {}
         self.series_t: list[float] = []
@@ -895,7 +469,7 @@ class _LoadRunner:
         self.sim = sim
         self.load = load
         self.stats = sim.load_stats[load.name]
-        self.rng = _stream(sim.seed, "load", load.name)
+        self.rng = stream(sim.seed, "load", load.name)
         self.first = first
         self.lane = Lane()  # the clients' timeouts
         self.count = 0

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._tools.stats import percentile
 from .engine import Simulation
-from .stats import CallStats, InFlight, Outcomes, TraceRecord, percentile
+from .stats import CallStats, InFlight, Outcomes, TraceRecord
 
 
 def _ms(seconds: float | None) -> float | None:

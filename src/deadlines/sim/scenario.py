@@ -18,14 +18,14 @@
     timeout = "300ms"
     fallback = true
 
-Times are seconds as numbers, or strings with a unit (``"300ms"``, ``"2s"``, ``"1m"``);
-``"none"`` removes a limit. Each ``[variants.NAME]`` table is merged over the base
-(tables merge key by key, arrays are replaced). docs/sim.md lists every key.
+Times are seconds as numbers, or strings with a unit (``"300ms"``, ``"2s"``, ``"1m"``),
+read as `deadlines plan` reads them; ``"none"`` removes a limit. Each
+``[variants.NAME]`` table is merged over the base (tables merge key by key, arrays are
+replaced). docs/sim.md lists every key.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 import tomllib
@@ -36,12 +36,13 @@ from typing import Any
 
 from deadlines import Retry
 
+from .._tools.toml_lines import Locator, path_of
+from . import _read as read
 from .model import (
     POLICIES,
     Calls,
     CallSpec,
     DeadlinePolicy,
-    Distribution,
     Fault,
     LoadSpec,
     Model,
@@ -52,13 +53,6 @@ from .model import (
     Step,
     Work,
 )
-
-_UNITS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "us": 1e-6}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*(ms|us|s|m)?\s*$")
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
-_LONGEST = 366 * 24 * 3600.0
-#: What a duration looks like, for error messages.
-EXPECTED = 'a duration with a unit (us, ms, s or m), like "300ms" or "2s", or seconds as a number'
 
 _TIMING_KEYS = ("duration", "drain", "sample", "window")
 _MODEL_KEYS = ("services", "load", "faults")
@@ -80,15 +74,6 @@ class ScenarioError(ValueError):
         if key:
             where += f", {key}"
         super().__init__(f"{where}: {message}")
-
-
-class _Invalid(Exception):
-    """Raised inside the parser; turned into a `ScenarioError` with a line at the top."""
-
-    def __init__(self, key: str, message: str) -> None:
-        super().__init__(message)
-        self.key = key
-        self.message = message
 
 
 # Loading.
@@ -131,8 +116,8 @@ def scenario_from_dict(
     """Validate a scenario given as the dictionary a TOML file parses to."""
     try:
         return _scenario(data, default_name)
-    except _Invalid as exc:
-        line = _locate(text, exc.key) if text is not None else None
+    except read.Invalid as exc:
+        line = Locator(text).line(path_of(exc.key)) if text is not None and exc.key else None
         raise ScenarioError(exc.message, key=exc.key, source=source, line=line) from None
 
 
@@ -152,16 +137,6 @@ def with_overrides(
     return replace(scenario, variants=variants)
 
 
-def parse_duration(value: str | float) -> float:
-    """Seconds from ``"300ms"``, ``"2s"``, ``"1m"`` or a number; `ValueError` if invalid."""
-    try:
-        seconds = _duration(value, "duration")
-    except _Invalid as exc:
-        raise ValueError(exc.message) from None
-    assert seconds is not None
-    return seconds
-
-
 def _positive(value: float, name: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive number of seconds, got {value}")
@@ -178,20 +153,20 @@ def _non_negative(value: float, name: str) -> float:
 
 
 def _scenario(data: Mapping[str, Any], default_name: str) -> Scenario:
-    _only(data, "", ("name", "description", "seed", *_TIMING_KEYS, *_MODEL_KEYS, "variants"))
-    name = _string(data.get("name", default_name), "name")
-    description = _string(data.get("description", ""), "description", empty=True)
-    seed = _int(data.get("seed", 1), "seed", low=0)
-    raw_variants = _table(data.get("variants", {}), "variants")
+    read.only(data, "", ("name", "description", "seed", *_TIMING_KEYS, *_MODEL_KEYS, "variants"))
+    name = read.string(data.get("name", default_name), "name")
+    description = read.string(data.get("description", ""), "description", empty=True)
+    seed = read.integer(data.get("seed", 1), "seed", low=0)
+    raw_variants = read.table(data.get("variants", {}), "variants")
     base = {k: v for k, v in data.items() if k not in ("name", "description", "seed", "variants")}
     variants: dict[str, Model] = {}
     if not raw_variants:
         variants["base"] = _model(base, "")
     for variant, overrides in raw_variants.items():
         prefix = f"variants.{variant}"
-        _check_name(variant, prefix)
-        overrides = _table(overrides, prefix)
-        _only(overrides, prefix, (*_TIMING_KEYS, *_MODEL_KEYS))
+        read.name(variant, prefix)
+        overrides = read.table(overrides, prefix)
+        read.only(overrides, prefix, (*_TIMING_KEYS, *_MODEL_KEYS))
         variants[variant] = _model(_merge(base, overrides), prefix, overrides)
     return Scenario(name=name, variants=variants, description=description, seed=seed)
 
@@ -217,23 +192,23 @@ def _model(
             return f"{prefix}.{path}"
         return path
 
-    duration = _duration(data.get("duration", 10.0), key("duration"))
+    duration = read.duration(data.get("duration", 10.0), key("duration"))
     if duration is None or duration <= 0:
-        raise _Invalid(key("duration"), "must be a positive duration")
-    drain = _duration(data.get("drain", 0.0), key("drain")) or 0.0
-    sample = _duration(data.get("sample", max(0.01, duration / 200)), key("sample"))
-    window = _duration(data.get("window", max(0.1, duration / 20)), key("window"))
+        raise read.Invalid(key("duration"), "must be a positive duration")
+    drain = read.duration(data.get("drain", 0.0), key("drain")) or 0.0
+    sample = read.duration(data.get("sample", max(0.01, duration / 200)), key("sample"))
+    window = read.duration(data.get("window", max(0.1, duration / 20)), key("window"))
     if not sample or not window:
-        raise _Invalid(key("sample"), "sample and window must be positive durations")
-    services_raw = _table(data.get("services"), key("services"), required=True)
+        raise read.Invalid(key("sample"), "sample and window must be positive durations")
+    services_raw = read.table(data.get("services"), key("services"), required=True)
     services = {name: _service(name, raw, key) for name, raw in services_raw.items()}
     loads = tuple(
         _load(raw, f"load[{i}]", key)
-        for i, raw in enumerate(_array(data.get("load"), key("load"), required=True))
+        for i, raw in enumerate(read.array(data.get("load"), key("load"), required=True))
     )
     faults = tuple(
         _fault(raw, f"faults[{i}]", key)
-        for i, raw in enumerate(_array(data.get("faults", []), key("faults")))
+        for i, raw in enumerate(read.array(data.get("faults", []), key("faults")))
     )
     model = Model(
         services=services,
@@ -281,23 +256,26 @@ _SERVICE_KEYS = (
 
 def _service(name: str, raw: Any, key: _Key) -> ServiceSpec:
     path = f"services.{name}"
-    _check_name(name, key(path))
-    raw = _table(raw, key(path))
-    _only(raw, key(path), _SERVICE_KEYS)
+    read.name(name, key(path))
+    raw = read.table(raw, key(path))
+    read.only(raw, key(path), _SERVICE_KEYS)
     lb = raw.get("lb", "round_robin")
     if lb not in POLICIES:
-        raise _Invalid(key(f"{path}.lb"), f"must be one of {', '.join(POLICIES)}; got {lb!r}")
-    routes_raw = _table(raw.get("routes"), key(f"{path}.routes"), required=True)
-    pools_raw = _table(raw.get("pools", {}), key(f"{path}.pools"))
-    calls_raw = _table(raw.get("calls", {}), key(f"{path}.calls"))
+        raise read.Invalid(key(f"{path}.lb"), f"must be one of {', '.join(POLICIES)}; got {lb!r}")
+    routes_raw = read.table(raw.get("routes"), key(f"{path}.routes"), required=True)
+    pools_raw = read.table(raw.get("pools", {}), key(f"{path}.pools"))
+    calls_raw = read.table(raw.get("calls", {}), key(f"{path}.calls"))
     deadline = raw.get("deadline", False)
     return ServiceSpec(
         name=name,
-        servers=_int(raw.get("servers", 1), key(f"{path}.servers"), low=1, high=10_000),
-        workers=_optional_int(raw.get("workers"), key(f"{path}.workers")),
-        queue_limit=_optional_int(raw.get("queue_limit"), key(f"{path}.queue_limit"), low=0),
+        servers=read.integer(raw.get("servers", 1), key(f"{path}.servers"), low=1, high=10_000),
+        workers=read.optional_integer(raw.get("workers"), key(f"{path}.workers")),
+        queue_limit=read.optional_integer(
+            raw.get("queue_limit"), key(f"{path}.queue_limit"), low=0
+        ),
         lb=lb,
-        connect_time=_duration(raw.get("connect_time", 0.0), key(f"{path}.connect_time")) or 0.0,
+        connect_time=read.duration(raw.get("connect_time", 0.0), key(f"{path}.connect_time"))
+        or 0.0,
         routes={r: _route(r, v, f"{path}.routes.{r}", key) for r, v in routes_raw.items()},
         pools={p: _pool(p, v, f"{path}.pools.{p}", key) for p, v in pools_raw.items()},
         calls={c: _call(c, v, f"{path}.calls.{c}", key) for c, v in calls_raw.items()},
@@ -306,43 +284,43 @@ def _service(name: str, raw: Any, key: _Key) -> ServiceSpec:
 
 
 def _route(name: str, raw: Any, path: str, key: _Key) -> Route:
-    _check_name(name, key(path))
-    raw = _table(raw, key(path))
-    _only(raw, key(path), ("work", "steps", "commit"))
+    read.name(name, key(path))
+    raw = read.table(raw, key(path))
+    read.only(raw, key(path), ("work", "steps", "commit"))
     if ("work" in raw) == ("steps" in raw):
-        raise _Invalid(key(path), "give exactly one of `work` (one step) or `steps` (a list)")
+        raise read.Invalid(key(path), "give exactly one of `work` (one step) or `steps` (a list)")
     if "work" in raw:
-        steps: tuple[Step, ...] = (Work(_distribution(raw["work"], key(f"{path}.work"))),)
+        steps: tuple[Step, ...] = (Work(read.distribution(raw["work"], key(f"{path}.work"))),)
     else:
         items = raw["steps"]
         if not isinstance(items, list) or not items:
-            raise _Invalid(key(f"{path}.steps"), "must be a non-empty list of steps")
+            raise read.Invalid(key(f"{path}.steps"), "must be a non-empty list of steps")
         steps = tuple(_step(item, f"{path}.steps[{i}]", key) for i, item in enumerate(items))
-    return Route(name=name, steps=steps, commit=_bool(raw.get("commit", False), key(path)))
+    return Route(name=name, steps=steps, commit=read.boolean(raw.get("commit", False), key(path)))
 
 
 def _step(raw: Any, path: str, key: _Key) -> Step:
     if not isinstance(raw, Mapping) or len(raw) != 1 or not ({"work", "call"} & set(raw)):
-        raise _Invalid(
+        raise read.Invalid(
             key(path), 'a step is { work = "200ms" } or { call = "name" } or { call = [..] }'
         )
     if "work" in raw:
-        return Work(_distribution(raw["work"], key(path)))
+        return Work(read.distribution(raw["work"], key(path)))
     names = raw["call"]
     if isinstance(names, str):
         names = [names]
     if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
-        raise _Invalid(key(path), "call must name a call, or list calls made in parallel")
+        raise read.Invalid(key(path), "call must name a call, or list calls made in parallel")
     return Calls(tuple(names))
 
 
 def _pool(name: str, raw: Any, path: str, key: _Key) -> PoolSpec:
-    raw = _table(raw, key(path))
-    _only(raw, key(path), ("size", "wait"))
+    raw = read.table(raw, key(path))
+    read.only(raw, key(path), ("size", "wait"))
     return PoolSpec(
         name=name,
-        size=_int(raw.get("size", 10), key(f"{path}.size"), low=1, high=1_000_000),
-        wait=_duration(raw.get("wait", "none"), key(f"{path}.wait"), allow_none=True),
+        size=read.integer(raw.get("size", 10), key(f"{path}.size"), low=1, high=1_000_000),
+        wait=read.duration(raw.get("wait", "none"), key(f"{path}.wait"), allow_none=True),
     )
 
 
@@ -361,16 +339,16 @@ _CALL_KEYS = (
 
 
 def _call(name: str, raw: Any, path: str, key: _Key) -> CallSpec:
-    _check_name(name, key(path))
-    raw = _table(raw, key(path))
-    _only(raw, key(path), _CALL_KEYS)
-    service, route = _target(raw.get("to"), key(f"{path}.to"))
+    read.name(name, key(path))
+    raw = read.table(raw, key(path))
+    read.only(raw, key(path), _CALL_KEYS)
+    service, route = read.target(raw.get("to"), key(f"{path}.to"))
     pool = raw.get("pool")
     if pool is not None and not isinstance(pool, str):
-        raise _Invalid(key(f"{path}.pool"), "must name one of the service's pools")
+        raise read.Invalid(key(f"{path}.pool"), "must name one of the service's pools")
 
     def limit(field: str) -> float | None:
-        return _duration(raw.get(field, "none"), key(f"{path}.{field}"), allow_none=True)
+        return read.duration(raw.get(field, "none"), key(f"{path}.{field}"), allow_none=True)
 
     retry_raw = raw.get("retry")
     return CallSpec(
@@ -381,44 +359,44 @@ def _call(name: str, raw: Any, path: str, key: _Key) -> CallSpec:
         pool_wait=limit("pool_wait"),
         connect=limit("connect"),
         timeout=limit("timeout"),
-        min_useful=_duration(raw.get("min_useful", 0.0), key(f"{path}.min_useful")) or 0.0,
-        propagate=_bool(raw.get("propagate", True), key(f"{path}.propagate")),
-        fallback=_bool(raw.get("fallback", False), key(f"{path}.fallback")),
-        idempotent=_bool(raw.get("idempotent", False), key(f"{path}.idempotent")),
+        min_useful=read.duration(raw.get("min_useful", 0.0), key(f"{path}.min_useful")) or 0.0,
+        propagate=read.boolean(raw.get("propagate", True), key(f"{path}.propagate")),
+        fallback=read.boolean(raw.get("fallback", False), key(f"{path}.fallback")),
+        idempotent=read.boolean(raw.get("idempotent", False), key(f"{path}.idempotent")),
         retry=None if retry_raw is None else _retry(retry_raw, key(f"{path}.retry")),
     )
 
 
 def _retry(raw: Any, path: str) -> Retry:
-    raw = _table(raw, path)
+    raw = read.table(raw, path)
     fields = ("attempts", "backoff", "max_backoff", "multiplier", "jitter", "expected")
-    _only(raw, path, fields)
+    read.only(raw, path, fields)
     args: dict[str, Any] = {}
     for field in fields:
         if field not in raw:
             continue
         value = raw[field]
         if field in ("backoff", "max_backoff", "expected"):
-            value = _duration(value, f"{path}.{field}")
+            value = read.duration(value, f"{path}.{field}")
         args[field] = value
     try:
         return Retry(**args)
     except (TypeError, ValueError) as exc:
-        raise _Invalid(path, str(exc)) from None
+        raise read.Invalid(path, str(exc)) from None
 
 
 def _deadline(raw: Any, path: str, key: _Key) -> DeadlinePolicy:
     if raw is True:
         return DeadlinePolicy()
-    raw = _table(raw, key(path))
+    raw = read.table(raw, key(path))
     flags = ("honor_inbound", "enforce", "shed", "shed_short", "cancel_on_caller_left")
-    _only(raw, key(path), ("default", "max", "reserve", *flags))
+    read.only(raw, key(path), ("default", "max", "reserve", *flags))
     return DeadlinePolicy(
-        default=_duration(raw.get("default", "none"), key(f"{path}.default"), allow_none=True),
-        max=_duration(raw.get("max", "none"), key(f"{path}.max"), allow_none=True),
-        reserve=_duration(raw.get("reserve", 0.0), key(f"{path}.reserve")) or 0.0,
+        default=read.duration(raw.get("default", "none"), key(f"{path}.default"), allow_none=True),
+        max=read.duration(raw.get("max", "none"), key(f"{path}.max"), allow_none=True),
+        reserve=read.duration(raw.get("reserve", 0.0), key(f"{path}.reserve")) or 0.0,
         **{
-            flag: _bool(raw.get(flag, flag != "shed_short"), key(f"{path}.{flag}"))
+            flag: read.boolean(raw.get(flag, flag != "shed_short"), key(f"{path}.{flag}"))
             for flag in flags
         },
     )
@@ -430,51 +408,55 @@ _LOAD_KEYS = ("name", "to", "rate", "arrival", "start", "count", "timeout", "sen
 
 
 def _load(raw: Any, path: str, key: _Key) -> LoadSpec:
-    raw = _table(raw, key(path))
-    _only(raw, key(path), _LOAD_KEYS)
-    service, route = _target(raw.get("to"), key(f"{path}.to"))
+    raw = read.table(raw, key(path))
+    read.only(raw, key(path), _LOAD_KEYS)
+    service, route = read.target(raw.get("to"), key(f"{path}.to"))
     rate = raw.get("rate")
     if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate <= 1e7:
-        raise _Invalid(key(f"{path}.rate"), f"must be requests per second > 0, got {rate!r}")
+        raise read.Invalid(key(f"{path}.rate"), f"must be requests per second > 0, got {rate!r}")
     arrival = raw.get("arrival", "uniform")
     if arrival not in ("uniform", "poisson"):
-        raise _Invalid(key(f"{path}.arrival"), f"must be uniform or poisson, got {arrival!r}")
+        raise read.Invalid(key(f"{path}.arrival"), f"must be uniform or poisson, got {arrival!r}")
     count = raw.get("count")
     return LoadSpec(
-        name=_string(raw.get("name", route), key(f"{path}.name")),
+        name=read.string(raw.get("name", route), key(f"{path}.name")),
         service=service,
         route=route,
         rate=float(rate),
         arrival=arrival,
-        start=_duration(raw.get("start", 0.0), key(f"{path}.start")) or 0.0,
-        count=None if count is None else _int(count, key(f"{path}.count"), low=1),
-        timeout=_duration(raw.get("timeout", "none"), key(f"{path}.timeout"), allow_none=True),
-        send_deadline=_bool(raw.get("send_deadline", True), key(f"{path}.send_deadline")),
+        start=read.duration(raw.get("start", 0.0), key(f"{path}.start")) or 0.0,
+        count=None if count is None else read.integer(count, key(f"{path}.count"), low=1),
+        timeout=read.duration(raw.get("timeout", "none"), key(f"{path}.timeout"), allow_none=True),
+        send_deadline=read.boolean(raw.get("send_deadline", True), key(f"{path}.send_deadline")),
     )
 
 
 def _fault(raw: Any, path: str, key: _Key) -> Fault:
-    raw = _table(raw, key(path))
-    _only(raw, key(path), ("kind", "service", "at", "until", "server", "route", "factor"))
+    raw = read.table(raw, key(path))
+    read.only(raw, key(path), ("kind", "service", "at", "until", "server", "route", "factor"))
     kind = raw.get("kind")
     if kind not in ("slow", "hang", "down", "blackhole"):
-        raise _Invalid(key(f"{path}.kind"), f"must be slow, hang, down or blackhole; got {kind!r}")
-    service = _string(raw.get("service"), key(f"{path}.service"))
+        raise read.Invalid(
+            key(f"{path}.kind"), f"must be slow, hang, down or blackhole; got {kind!r}"
+        )
+    service = read.string(raw.get("service"), key(f"{path}.service"))
     factor = raw.get("factor", 1.0)
     if kind == "slow" and (
         isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < 1e6
     ):
-        raise _Invalid(key(f"{path}.factor"), f"a slow fault needs a factor > 0, got {factor!r}")
+        raise read.Invalid(
+            key(f"{path}.factor"), f"a slow fault needs a factor > 0, got {factor!r}"
+        )
     server = raw.get("server")
     route = raw.get("route")
     if route is not None and (kind != "hang" or not isinstance(route, str)):
-        raise _Invalid(key(f"{path}.route"), "only a hang fault takes a route (a name)")
+        raise read.Invalid(key(f"{path}.route"), "only a hang fault takes a route (a name)")
     return Fault(
         kind=kind,
         service=service,
-        at=_duration(raw.get("at", 0.0), key(f"{path}.at")) or 0.0,
-        until=_duration(raw.get("until", "none"), key(f"{path}.until"), allow_none=True),
-        server=None if server is None else _int(server, key(f"{path}.server"), low=0),
+        at=read.duration(raw.get("at", 0.0), key(f"{path}.at")) or 0.0,
+        until=read.duration(raw.get("until", "none"), key(f"{path}.until"), allow_none=True),
+        server=None if server is None else read.integer(server, key(f"{path}.server"), low=0),
         route=route,
         factor=float(factor),
     )
@@ -490,213 +472,45 @@ def _cross_check(model: Model, key: _Key) -> None:
             _check_target(services, call.service, call.route, f"{where}.to")
             if call.pool is not None and call.pool not in service.pools:
                 known = ", ".join(service.pools) or "none defined"
-                raise _Invalid(f"{where}.pool", f"no pool {call.pool!r} in {name} ({known})")
+                raise read.Invalid(f"{where}.pool", f"no pool {call.pool!r} in {name} ({known})")
         for route in service.routes.values():
             for i, step in enumerate(route.steps):
                 if isinstance(step, Calls):
                     for call_name in step.names:
                         if call_name not in service.calls:
-                            raise _Invalid(
+                            raise read.Invalid(
                                 key(f"{path}.routes.{route.name}.steps[{i}]"),
                                 f"no call {call_name!r} in services.{name}.calls"
-                                + _suggest(call_name, service.calls),
+                                + read.suggest(call_name, service.calls),
                             )
     names = [load.name for load in model.loads]
     for i, load in enumerate(model.loads):
         _check_target(services, load.service, load.route, key(f"load[{i}].to"))
         if names.count(load.name) > 1:
-            raise _Invalid(key(f"load[{i}].name"), f"two loads are named {load.name!r}")
+            raise read.Invalid(key(f"load[{i}].name"), f"two loads are named {load.name!r}")
     for i, fault in enumerate(model.faults):
         where = key(f"faults[{i}]")
         if fault.service not in services:
-            raise _Invalid(
+            raise read.Invalid(
                 f"{where}.service",
-                f"no service {fault.service!r}" + _suggest(fault.service, services),
+                f"no service {fault.service!r}" + read.suggest(fault.service, services),
             )
         target = services[fault.service]
         if fault.server is not None and fault.server >= target.servers:
-            raise _Invalid(
+            raise read.Invalid(
                 f"{where}.server",
                 f"{fault.service} has {target.servers} server(s): index 0..{target.servers - 1}",
             )
         if fault.route is not None and fault.route not in target.routes:
-            raise _Invalid(f"{where}.route", f"no route {fault.route!r} in {fault.service}")
+            raise read.Invalid(f"{where}.route", f"no route {fault.route!r} in {fault.service}")
         if fault.until is not None and fault.until <= fault.at:
-            raise _Invalid(f"{where}.until", "must be later than `at`")
+            raise read.Invalid(f"{where}.until", "must be later than `at`")
 
 
 def _check_target(services: Mapping[str, ServiceSpec], service: str, route: str, key: str) -> None:
     if service not in services:
-        raise _Invalid(key, f"no service {service!r}" + _suggest(service, services))
+        raise read.Invalid(key, f"no service {service!r}" + read.suggest(service, services))
     if route not in services[service].routes:
-        raise _Invalid(
-            key, f"no route {route!r} in {service}" + _suggest(route, services[service].routes)
+        raise read.Invalid(
+            key, f"no route {route!r} in {service}" + read.suggest(route, services[service].routes)
         )
-
-
-# Values.
-
-
-def _duration(
-    value: Any, key: str, *, allow_none: bool = False, allow_forever: bool = False
-) -> float | None:
-    """Seconds from a number or a string with a unit; None for "none" when allowed."""
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "none" and allow_none:
-            return None
-        if text == "forever" and allow_forever:
-            return math.inf
-        match = _DURATION.match(text)
-        if match is None:
-            raise _Invalid(key, f"expected {EXPECTED}, got {value!r}")
-        seconds = float(match.group(1)) * _UNITS[match.group(2) or "s"]
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        extra = ' or "none"' if allow_none else ""
-        raise _Invalid(key, f"expected {EXPECTED}{extra}, got {value!r}")
-    if not math.isfinite(seconds) or seconds < 0:
-        raise _Invalid(key, f"must be a finite duration >= 0, got {value!r}")
-    if seconds > _LONGEST:
-        raise _Invalid(key, f"{value!r} is more than a year; milliseconds given as seconds?")
-    return seconds
-
-
-def _distribution(value: Any, key: str) -> Distribution:
-    """A duration, "forever", or a table { dist = "exp", mean = "80ms" } and friends."""
-    if not isinstance(value, Mapping):
-        seconds = _duration(value, key, allow_forever=True)
-        assert seconds is not None
-        return Distribution("forever") if seconds == math.inf else Distribution("constant", seconds)
-    dist = value.get("dist")
-    shapes: dict[str, tuple[str, ...]] = {
-        "constant": ("value",),
-        "exp": ("mean",),
-        "uniform": ("low", "high"),
-        "lognormal": ("median", "p99"),
-    }
-    if dist not in shapes:
-        raise _Invalid(f"{key}.dist", f"must be one of {', '.join(shapes)}; got {dist!r}")
-    _only(value, key, ("dist", *shapes[dist]))
-    params = []
-    for name in shapes[dist]:
-        if name not in value:
-            raise _Invalid(f"{key}.{name}", f"a {dist} distribution needs `{name}`")
-        seconds = _duration(value[name], f"{key}.{name}")
-        assert seconds is not None
-        params.append(seconds)
-    if dist == "exp" and params[0] <= 0:
-        raise _Invalid(f"{key}.mean", "must be > 0")
-    if dist == "uniform" and params[0] > params[1]:
-        raise _Invalid(f"{key}.high", "must be >= low")
-    if dist == "lognormal" and not 0 < params[0] < params[1]:
-        raise _Invalid(f"{key}.p99", "needs 0 < median < p99")
-    return Distribution(dist, *params)
-
-
-def _target(value: Any, key: str) -> tuple[str, str]:
-    if not isinstance(value, str) or value.count("/") != 1:
-        raise _Invalid(key, f'must be "service/route", got {value!r}')
-    service, route = value.split("/")
-    return service, route
-
-
-def _table(value: Any, key: str, *, required: bool = False) -> dict[str, Any]:
-    if value is None and not required:
-        return {}
-    if not isinstance(value, Mapping):
-        what = "missing" if value is None else f"must be a table, got {value!r}"
-        raise _Invalid(key, what)
-    return dict(value)
-
-
-def _array(value: Any, key: str, *, required: bool = False) -> list[Any]:
-    if value is None and not required:
-        return []
-    if not isinstance(value, list) or (required and not value):
-        raise _Invalid(key, f"must be an array of tables ([[{key}]]), with at least one entry")
-    return value
-
-
-def _only(raw: Mapping[str, Any], path: str, allowed: tuple[str, ...]) -> None:
-    for name in raw:
-        if name not in allowed:
-            key = f"{path}.{name}" if path else name
-            raise _Invalid(key, "unknown key" + _suggest(name, allowed))
-
-
-def _suggest(name: str, known: Any) -> str:
-    close = difflib.get_close_matches(name, list(known), n=1)
-    return f"; did you mean {close[0]!r}?" if close else ""
-
-
-def _check_name(name: str, key: str) -> None:
-    if not _NAME.match(name):
-        raise _Invalid(key, f"{name!r} is not a valid name (letters, digits, _ and -)")
-
-
-def _string(value: Any, key: str, *, empty: bool = False) -> str:
-    if not isinstance(value, str) or (not empty and not value.strip()):
-        raise _Invalid(key, f"must be a string, got {value!r}")
-    return value
-
-
-def _bool(value: Any, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise _Invalid(key, f"must be true or false, got {value!r}")
-    return value
-
-
-def _int(value: Any, key: str, *, low: int = 0, high: int = 10**12) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _Invalid(key, f"must be an integer from {low} to {high}, got {value!r}")
-    return value
-
-
-def _optional_int(value: Any, key: str, *, low: int = 1) -> int | None:
-    if value is None or value == "unbounded":
-        return None
-    return _int(value, key, low=low)
-
-
-# Finding the line of a key, best effort: tomllib reports no positions.
-
-
-def _locate(text: str, key: str) -> int | None:
-    """The 1-based line where dotted `key` is set, when it can be found unambiguously."""
-    if not key:
-        return None
-    parts = [p for p in re.split(r"\.", re.sub(r"\[(\d+)\]", r".#\1", key)) if p]
-    lines = text.splitlines()
-    # Walk down: find the header of the longest table prefix, then the key below it.
-    for cut in range(len(parts), 0, -1):
-        header = parts[:cut]
-        line = _header_line(lines, header)
-        if line is not None:
-            if cut == len(parts):
-                return line + 1
-            name = parts[cut].lstrip("#")
-            for i in range(line + 1, len(lines)):
-                stripped = lines[i].strip()
-                if stripped.startswith("["):
-                    break
-                if re.match(rf"^{re.escape(name)}\s*=", stripped):
-                    return i + 1
-            return line + 1
-    return None
-
-
-def _header_line(lines: list[str], parts: list[str]) -> int | None:
-    """The index of the table header naming `parts` (with '#n' for the nth array entry)."""
-    names = [p for p in parts if not p.startswith("#")]
-    index = next((int(p[1:]) for p in parts if p.startswith("#")), None)
-    if parts[-1].startswith("#"):
-        wanted = f"[[{'.'.join(names)}]]"
-        hits = [i for i, line in enumerate(lines) if line.strip() == wanted]
-        return hits[index] if index is not None and index < len(hits) else None
-    if index is not None:
-        return None
-    wanted = f"[{'.'.join(names)}]"
-    hits = [i for i, line in enumerate(lines) if line.strip() == wanted]
-    return hits[0] if len(hits) == 1 else None

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any
 
+from .._tools.stats import percentile
 from .engine import Simulation, simulate
 from .model import POLICIES, Scenario
 from .scenario import scenario_from_dict
-from .stats import percentile
 
 
 def _s(value: float | timedelta) -> float:

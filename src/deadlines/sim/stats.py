@@ -1,23 +1,14 @@
 """Recorders the engine updates as it runs: counts, latencies, in-flight integrals.
 
-Kept apart from the engine so that what is measured, and how a percentile is computed,
-can be read in one place. Everything here is mutable and cheap to update; `result.py`
-turns it into the immutable figures a user sees.
+Kept apart from the engine so that what is measured can be read in one place.
+Everything here is mutable and cheap to update; `result.py` turns it into the
+immutable figures a user sees, with the percentile every tool uses
+(`deadlines._tools.stats`).
 """
 
 from __future__ import annotations
 
-import math
 from array import array
-from collections.abc import Sequence
-
-
-def percentile(ordered: Sequence[float], q: float) -> float | None:
-    """The nearest-rank `q`-quantile (0 < q <= 1) of an ascending sequence; None if empty."""
-    if not ordered:
-        return None
-    rank = max(1, math.ceil(q * len(ordered)))
-    return ordered[rank - 1]
 
 
 class InFlight:

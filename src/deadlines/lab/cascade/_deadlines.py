@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from .cascade_api import Calls, Options
+from .api import Calls, Options
 
 _NEEDED = ("deadlines.aiohttp", "deadlines.aiohttp_web", "deadlines.fallback")
 

@@ -17,10 +17,11 @@ from typing import Any
 
 import aiohttp
 
-from . import _params, chapter, report
-from .harness import Processes
-from .load import LoadRun, percentile, run_open_loop
-from .progress import Progress
+from ..._tools.stats import percentile
+from .. import _params, chapter, report
+from ..harness import Processes
+from ..load import LoadRun, run_open_loop
+from ..progress import Progress
 
 VARIANTS = ("no_timeout", "timeout", "bulkhead", "deadlines")
 _LABELS = {
@@ -139,7 +140,7 @@ async def _drive(p: Params, api: str, downstream: str) -> tuple[LoadRun, list[li
 def _summarise(run: LoadRun, series: list[list[float]], open_max: int) -> dict[str, Any]:
     checkouts = run.of("checkout")
     latencies = [s.latency * 1000.0 for s in checkouts if s.latency is not None]
-    p99 = percentile(latencies, 99)
+    p99 = percentile(sorted(latencies), 0.99)
     homes = run.of("home")
     return {
         "home_in_flight_end": series[-1][1] if series else None,
@@ -158,8 +159,8 @@ def run_variant(p: Params, variant: str) -> dict[str, Any]:
     with Processes() as procs:
         down, api = procs.start_all(
             [
-                ("cascade_downstream", ["--price-ms", str(p.price_ms)]),
-                ("cascade_api", [
+                ("cascade.downstream", ["--price-ms", str(p.price_ms)]),
+                ("cascade.api", [
                     "--variant", variant,
                     "--pool-size", str(p.pool_size),
                     "--recs-timeout", str(p.recs_timeout),
@@ -174,7 +175,7 @@ def run_variant(p: Params, variant: str) -> dict[str, Any]:
 
 def pending_variants() -> dict[str, str]:
     """Variants that cannot run in this install, with why (modules not there yet)."""
-    from ._cascade_deadlines import missing
+    from ._deadlines import missing
 
     why = missing()
     return {"deadlines": why} if why else {}

@@ -18,10 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import _params, chapter, report
-from .defaults_clients import ROUNDED_TOTAL
-from .harness import Processes, read_lines
-from .progress import Progress
+from .. import _params, chapter, report
+from ..harness import Processes, read_lines
+from ..progress import Progress
+
+#: The aiohttp total that shows its rounding (aiohttp rounds deadlines of 5 s and more up
+#: to a whole second of the loop's clock).
+ROUNDED_TOTAL = 7.3
 
 SERVERS = ("silent", "trickle", "header-trickle", "tls-never", "blackhole")
 STILL_WAITING = "> cap, still waiting"
@@ -87,7 +90,7 @@ class Setup:
     limits_text: str
     limits: tuple[float, ...]
     servers: tuple[str, ...] = SERVERS
-    #: Runs in a process of its own (``defaults_exit``): whether that process can exit.
+    #: Runs in a process of its own (``defaults.exit``): whether that process can exit.
     own_process: bool = False
     #: Why its limit fires late, when that is the point of the case.
     late_because: str = ""
@@ -179,7 +182,7 @@ def run(p: Params, progress: Progress) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with progress.step("defaults", expected_seconds(p)), Processes() as procs:
         servers = procs.start(
-            "defaults_servers", "--kinds", ",".join(server for _, server in cases),
+            "defaults.servers", "--kinds", ",".join(server for _, server in cases),
             "--interval", str(p.interval),
         )  # fmt: skip
         payload = [
@@ -198,7 +201,7 @@ def run(p: Params, progress: Progress) -> dict[str, Any]:
             case["delay"] = round(len(group) * STAGGER, 3)
             group.append(case)
         specs = [
-            ("defaults_exit" if group[0]["own"] else "defaults_clients", [json.dumps(group)])
+            ("defaults.exit" if group[0]["own"] else "defaults.clients", [json.dumps(group)])
             for group in groups.values()
         ]
         clients = procs.start_all(specs)

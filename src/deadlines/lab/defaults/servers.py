@@ -1,6 +1,6 @@
 """The misbehaving servers for experiment `defaults`, one per case, in their own process.
 
-    python -m deadlines.lab.defaults_servers --kinds silent,trickle,... [--interval 1.0]
+    python -m deadlines.lab.defaults.servers --kinds silent,trickle,... [--interval 1.0]
 
 Announces ``READY {"urls": [...]}`` in the order of `--kinds`.
 """
@@ -13,11 +13,11 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._app import serve
+from .._app import serve
 
 
 def _make(kind: str, interval: float) -> Any:
-    from .servers import SERVERS
+    from ..servers import SERVERS
 
     cls: Any = SERVERS[kind]
     if kind in ("trickle", "header-trickle"):
@@ -27,7 +27,7 @@ def _make(kind: str, interval: float) -> Any:
 
 def main(argv: list[str] | None = None) -> None:
     """Start every server, announce their URLs, serve until SIGTERM."""
-    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.defaults_servers")
+    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.defaults.servers")
     parser.add_argument("--kinds", required=True, help="comma-separated server names")
     parser.add_argument("--interval", type=float, default=1.0, help="trickle: s per byte")
     args = parser.parse_args(argv)

@@ -1,6 +1,6 @@
 """The clients of experiment `defaults`, all cases at once, in their own process.
 
-    python -m deadlines.lab.defaults_clients CASES_JSON
+    python -m deadlines.lab.defaults.clients CASES_JSON
 
 Prints ``READY {}``, starts every case (each `delay` s after the start: staggered, so
 that limits do not all fire in the same instant and contend for the GIL), and prints one line
@@ -25,7 +25,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 from urllib.parse import urlsplit
 
-from ._app import READY
+from .._app import READY
+from . import ROUNDED_TOTAL
 
 #: (client, setup) pairs that run in a thread of their own (blocking clients).
 SYNC = {("requests", "no options"), ("requests", "timeout"), ("urllib", "no options"),
@@ -94,10 +95,6 @@ def _sync_call(key: str, client: str, url: str, limit: float) -> str:
 
 
 Call = Callable[[], Awaitable[None]]
-
-#: The aiohttp total that shows its rounding (aiohttp rounds deadlines of 5 s and more up
-#: to a whole second of the loop's clock).
-ROUNDED_TOTAL = 7.3
 
 
 def _prepare_httpx(case: dict[str, Any]) -> tuple[Call, Call]:
@@ -191,7 +188,9 @@ async def _prepare(case: dict[str, Any]) -> tuple[Call, Call]:
     return call_deadlines, dc.aclose
 
 
-def _row(case: dict[str, Any], elapsed: float, outcome: str, error: BaseException | None) -> None:
+def print_row(
+    case: dict[str, Any], elapsed: float, outcome: str, error: BaseException | None
+) -> None:
     """Print the case's row; `elapsed` (s) was taken when the call returned or raised.
 
     Runs in a thread (it sleeps): a row that waited there for a free worker must not
@@ -228,9 +227,9 @@ def _run_sync(case: dict[str, Any], go: threading.Event) -> None:
     try:
         outcome = _sync_call(case["key"], case["client"], case["url"], case["limit"])
     except Exception as exc:
-        _row(case, time.monotonic() - start, "error", exc)
+        print_row(case, time.monotonic() - start, "error", exc)
     else:
-        _row(case, time.monotonic() - start, outcome, None)
+        print_row(case, time.monotonic() - start, outcome, None)
 
 
 async def _run_async(case: dict[str, Any], call: Call, close: Call) -> None:
@@ -245,7 +244,7 @@ async def _run_async(case: dict[str, Any], call: Call, close: Call) -> None:
     start = case.get("measured_from", start)
     elapsed = time.monotonic() - start
     # Look at the socket before closing the client: what did the call itself leave open?
-    await asyncio.to_thread(_row, case, elapsed, outcome, error)
+    await asyncio.to_thread(print_row, case, elapsed, outcome, error)
     with contextlib.suppress(Exception):
         await close()
 

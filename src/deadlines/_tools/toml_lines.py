@@ -2,7 +2,7 @@
 
 `tomllib` reports syntax errors with a position but returns plain dicts without one.
 This scanner reads the text once more and records where each table header and each
-``key =`` starts. It understands what planner files use (tables, arrays of tables,
+``key =`` starts. It understands what the tools' files use (tables, arrays of tables,
 dotted and quoted keys, inline tables, multi-line strings and arrays) and otherwise
 falls back to the nearest enclosing table: a line near the error beats none.
 """
@@ -18,6 +18,17 @@ _KEY = re.compile(
     r"""^\s*((?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+)(?:\s*\.\s*(?:"[^"]*"|'[^']*'|[A-Za-z0-9_\-]+))*)\s*="""
 )
 _INLINE_KEY = re.compile(r"""(?:^|[{,])\s*("[^"]*"|'[^']*'|[A-Za-z0-9_\-]+)\s*=""")
+
+
+def path_of(key: str) -> Path:
+    """The path of a key as errors spell it: ``"load[0].rate"`` -> ``("load", 0, "rate")``."""
+    path: list[str | int] = []
+    for part in key.split("."):
+        name, *indexes = part.split("[")
+        if name:
+            path.append(name)
+        path.extend(int(index.rstrip("]")) for index in indexes)
+    return tuple(path)
 
 
 def _split_key(text: str) -> list[str]:

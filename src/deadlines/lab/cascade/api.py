@@ -1,6 +1,6 @@
 """The cascade's API: `/home` (recommendations ∥ price) and `/checkout` (price only).
 
-    python -m deadlines.lab.cascade_api --downstream URL --variant NAME [--pool-size 20]
+    python -m deadlines.lab.cascade.api --downstream URL --variant NAME [--pool-size 20]
 
 Both routes call ONE downstream host. The variant decides how:
 
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web
 
-from ._app import serve
+from .._app import serve
 
 VARIANTS = ("no_timeout", "timeout", "bulkhead", "deadlines")
 
@@ -145,7 +145,7 @@ def build_app(opts: Options, calls: Calls, middlewares: list[Any]) -> web.Applic
 
 def _calls_and_middlewares(opts: Options) -> tuple[Calls, list[Any]]:
     if opts.variant == "deadlines":
-        from ._cascade_deadlines import deadlines_variant
+        from ._deadlines import deadlines_variant
 
         return deadlines_variant(opts)
     return RawCalls(opts), []
@@ -153,7 +153,7 @@ def _calls_and_middlewares(opts: Options) -> tuple[Calls, list[Any]]:
 
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM; print ``READY {"port": N}`` when listening."""
-    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.cascade_api")
+    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.cascade.api")
     parser.add_argument("--downstream", default="", help="or set later: GET /_downstream?url=")
     parser.add_argument("--variant", choices=VARIANTS, required=True)
     parser.add_argument("--pool-size", type=int, default=20)

@@ -27,10 +27,11 @@ import aiohttp
 
 import deadlines
 
-from . import _params, chapter, report
-from .harness import Processes
-from .load import LoadRun, percentile, run_open_loop
-from .progress import Progress
+from ..._tools.stats import percentile
+from .. import _params, chapter, report
+from ..harness import Processes
+from ..load import LoadRun, run_open_loop
+from ..progress import Progress
 
 POLICIES = ("round_robin", "least_outstanding", "round_robin+deadlines")
 _KNOWN = {"round_robin", "least_outstanding"}
@@ -211,10 +212,12 @@ def _summarise(
     series = []
     t = 0.0
     while t < p.run_for - 1e-9:
-        window = [latency_ms(s) for s in shots if t <= s.planned < t + p.window]
-        series.append([round(t, 3), _round(percentile(window, 50)), _round(percentile(window, 99))])
+        window = sorted(latency_ms(s) for s in shots if t <= s.planned < t + p.window)
+        series.append(
+            [round(t, 3), _round(percentile(window, 0.5)), _round(percentile(window, 0.99))]
+        )
         t += p.window
-    after = [latency_ms(s) for s in shots if s.planned >= p.slow_at]
+    after = sorted(latency_ms(s) for s in shots if s.planned >= p.slow_at)
     ok_after = [s for s in shots if s.planned >= p.slow_at and s.ok]
     slow = [s for s in shots if picked.get(s.index) == 1]
     return {
@@ -222,8 +225,8 @@ def _summarise(
         "queue_series": queues,
         "ok": sum(1 for s in shots if s.ok),
         "failed": sum(1 for s in shots if not s.ok),
-        "p50_ms_after_slowdown": _round(percentile(after, 50)),
-        "p99_ms_after_slowdown": _round(percentile(after, 99)),
+        "p50_ms_after_slowdown": _round(percentile(after, 0.5)),
+        "p99_ms_after_slowdown": _round(percentile(after, 0.99)),
         "ok_pct_after_slowdown": _round(
             100.0 * len(ok_after) / max(1, sum(1 for s in shots if s.planned >= p.slow_at))
         ),
@@ -245,7 +248,7 @@ def run_policy(p: Params, policy: str) -> dict[str, Any]:
     shed = ["--shed"] if policy.endswith("+deadlines") else []
     with Processes() as procs:
         backends = procs.start_all(
-            [("slow_backend", ["--service-ms", str(p.service_ms), *shed])] * p.servers
+            [("slow_server.backend", ["--service-ms", str(p.service_ms), *shed])] * p.servers
         )
         return asyncio.run(_drive(p, policy, [b.url for b in backends]))
 

@@ -1,6 +1,6 @@
 """A case of experiment `defaults` that needs a process of its own: can it exit?
 
-    python -m deadlines.lab.defaults_exit CASES_JSON       # a list of one case
+    python -m deadlines.lab.defaults.exit CASES_JSON       # a list of one case
 
 A blocking call is awaited through a thread (``asyncio.to_thread``, or
 ``loop.run_in_executor`` with a ``ThreadPoolExecutor``) under ``asyncio.wait_for``. The
@@ -21,8 +21,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ._app import READY
-from .defaults_clients import _row
+from .._app import READY
+from .clients import print_row
 
 #: The outcome of a case whose waiter gave up on time (the lab adds whether it exited).
 WAITER_STOPPED = "waiter stopped"
@@ -46,7 +46,7 @@ async def _wait(case: dict[str, Any]) -> None:
         try:
             await asyncio.wait_for(work, limit)  # deadlines: ignore[DLN105]
         except TimeoutError as exc:
-            _row(case, time.monotonic() - start, WAITER_STOPPED, exc)
+            print_row(case, time.monotonic() - start, WAITER_STOPPED, exc)
             return  # asyncio.run then joins the default executor's thread
     else:
         with ThreadPoolExecutor(max_workers=1) as pool:
@@ -54,9 +54,9 @@ async def _wait(case: dict[str, Any]) -> None:
             try:
                 await asyncio.wait_for(future, limit)  # deadlines: ignore[DLN105]
             except TimeoutError as exc:
-                _row(case, time.monotonic() - start, WAITER_STOPPED, exc)
+                print_row(case, time.monotonic() - start, WAITER_STOPPED, exc)
                 return  # leaving the block joins the pool's thread
-    _row(case, time.monotonic() - start, "answered", None)
+    print_row(case, time.monotonic() - start, "answered", None)
 
 
 def main(argv: list[str] | None = None) -> None:

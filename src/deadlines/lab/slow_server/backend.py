@@ -1,6 +1,6 @@
 """One backend of experiment `slow-server`: a server with a fixed number of workers.
 
-    python -m deadlines.lab.slow_backend [--service-ms 20] [--workers 1] [--shed]
+    python -m deadlines.lab.slow_server.backend [--service-ms 20] [--workers 1] [--shed]
 
 Requests wait in a queue for a worker; each takes `service-ms` (times the slowness
 factor, which ``POST /_slow?factor=5`` sets: slower, but still healthy). Without
@@ -22,8 +22,8 @@ from typing import Any
 
 from deadlines import Deadline, wire
 
-from ._app import serve
-from ._http import HttpServer, Request, Response
+from .._app import serve
+from .._http import HttpServer, Request, Response
 
 
 @dataclass(slots=True)
@@ -114,7 +114,7 @@ class _Backend:
 
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM; print ``READY {"port": N}`` when listening."""
-    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.slow_backend")
+    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.slow_server.backend")
     parser.add_argument("--service-ms", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--shed", action="store_true")

@@ -23,9 +23,9 @@ from typing import Any
 
 import httpx
 
-from . import _params, chapter, report
-from .harness import Processes
-from .progress import Progress
+from .. import _params, chapter, report
+from ..harness import Processes
+from ..progress import Progress
 
 VARIANTS = ("fixed", "propagated")
 _CREATE = (
@@ -118,11 +118,11 @@ def _hops(p: Params, variant: str, procs: Processes, store: _Store) -> list[Any]
         common += ["--dsn", p.dsn]
     a, b, c = procs.start_all(
         [
-            ("chain_hop", ["--name", "A", "--work", str(p.a_work), "--timeout",
+            ("chain.hop", ["--name", "A", "--work", str(p.a_work), "--timeout",
                            str(p.ab_timeout), *common]),
-            ("chain_hop", ["--name", "B", "--work", str(p.b_work), "--timeout",
+            ("chain.hop", ["--name", "B", "--work", str(p.b_work), "--timeout",
                            str(p.bc_timeout), *common]),
-            ("chain_hop", ["--name", "C", "--work", str(p.c_work), *common]),
+            ("chain.hop", ["--name", "C", "--work", str(p.c_work), *common]),
         ]
     )  # fmt: skip
     # The lab's own hops, on loopback: they answer at once or not at all.

@@ -1,6 +1,6 @@
 """The cascade's downstream host: `/price` answers in a few ms, `/recs` never answers.
 
-    python -m deadlines.lab.cascade_downstream [--price-ms 5]
+    python -m deadlines.lab.cascade.downstream [--price-ms 5]
 
 `/_stats` reports the connections the API opened (now and the most at once) and the
 requests in progress; the lab reads it to show the downstream was never overloaded.
@@ -13,8 +13,8 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._app import serve
-from ._http import HttpServer, Request, Response
+from .._app import serve
+from .._http import HttpServer, Request, Response
 
 
 def _handler(price_s: float, server: list[HttpServer]) -> Callable[[Request], Awaitable[Response]]:
@@ -42,7 +42,7 @@ def _handler(price_s: float, server: list[HttpServer]) -> Callable[[Request], Aw
 
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM; print ``READY {"port": N}`` when listening."""
-    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.cascade_downstream")
+    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.cascade.downstream")
     parser.add_argument("--price-ms", type=float, default=5.0)
     args = parser.parse_args(argv)
 

@@ -1,6 +1,6 @@
 """One hop of the chain A → B → C: a Starlette app under uvicorn, in its own process.
 
-    python -m deadlines.lab.chain_hop --name B --variant fixed --work 0.3 \
+    python -m deadlines.lab.chain.hop --name B --variant fixed --work 0.3 \
         --next http://127.0.0.1:PORT --timeout 2.0
 
 Each hop does `--work` seconds of work, then calls `--next` (A and B), or commits a
@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._app import serve
+from .._app import serve
 
 Event = dict[str, Any]
 
@@ -154,7 +154,7 @@ class _Answers:
 
 def main(argv: list[str] | None = None) -> None:
     """Serve the hop until SIGTERM; print ``READY {"port": N}`` when listening."""
-    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.chain_hop")
+    parser = argparse.ArgumentParser(prog="python -m deadlines.lab.chain.hop")
     parser.add_argument("--name", required=True)
     parser.add_argument("--variant", choices=("fixed", "propagated"), required=True)
     parser.add_argument("--work", type=float, required=True)
