@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,3 +109,15 @@ def test_twin_counts_work_for_nobody_as_served_like_the_lab() -> None:
     rr = lab_slow_server(**dataclasses.asdict(slow_server.quick()))["policies"]["round_robin"]
     assert rr["wasted"][1] > 0
     assert sum(rr["served"]) - sum(rr["wasted"]) == rr["ok"]
+
+
+def test_sim_needs_none_of_the_labs_libraries() -> None:
+    """The twin starts no process: it runs with aiohttp (the real experiment's) refused."""
+    code = (
+        "import sys; sys.modules['aiohttp'] = None\n"
+        "from deadlines.__main__ import main\n"
+        "sys.exit(main(['lab', 'slow-server', '--sim', '--quick', '--quiet']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "slow-server (simulated)" in done.stdout

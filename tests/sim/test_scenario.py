@@ -93,6 +93,12 @@ services.db.routes.q.work = "1ms"
         ),
         (("servers = 2", "servres = 2"), "services.api.servres", 5, "did you mean 'servers'"),
         (
+            ("servers = 2", "zzz = 2"),
+            "services.api.zzz",
+            5,
+            "expected one of: calls, connect_time, deadline, lb, pools, queue_limit, routes,",
+        ),
+        (
             ('to = "db/q"\ntimeout', 'to = "db/x"\ntimeout'),
             "services.api.calls.a.to",
             11,
@@ -106,7 +112,7 @@ services.db.routes.q.work = "1ms"
             "no call 'c'",
         ),
     ],
-    ids=["duration", "unknown-key", "bad-target", "rate", "unknown-call"],
+    ids=["duration", "unknown-key", "unknown-key-no-match", "bad-target", "rate", "unknown-call"],
 )
 def test_errors_name_the_key_and_line(
     edit: tuple[str, str], key: str, line: int, message: str

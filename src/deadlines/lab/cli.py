@@ -227,7 +227,7 @@ def _prepare(args: argparse.Namespace) -> _Run:
         )
     given = args.report if args.report is not None else (DEFAULT_REPORT if every else None)
     report = None if given is None else Path(given)
-    wanted = {m for n in names for m in REQUIRES[n]}
+    wanted = set() if simulated else {m for n in names for m in REQUIRES[n]}
     if args.plot or report is not None:
         wanted.add("matplotlib")
     absent = missing_modules(tuple(sorted(wanted)))

@@ -104,7 +104,8 @@ def only(raw: Mapping[str, Any], path: str, allowed: tuple[str, ...]) -> None:
     for name in raw:
         if name not in allowed:
             key = f"{path}.{name}" if path else name
-            raise Invalid(key, "unknown key" + suggest(name, allowed))
+            expected = f"; expected one of: {', '.join(sorted(allowed))}"
+            raise Invalid(key, "unknown key" + (suggest(name, allowed) or expected))
 
 
 def suggest(name: str, known: Any) -> str:

@@ -343,10 +343,8 @@ def tables(result: dict[str, Any]) -> list[report.Table]:
         " none set); > cap: its whole-call limit, or every limit it has, is longer than the"
         " cap; runs on: the waiter"
         " gave up, the worker and its socket did not; no exit: the waiter gave up, the process"
-        " could not exit; *: the client still held its socket 200 ms later. "
-        + _kernel_note(result)
-        + "The errors and times are in report.md."
-    )
+        " could not exit; *: the client still held its socket 200 ms later. " + _kernel_note(result)
+    ).rstrip()
     table.verdict = _verdict(result, known)
     return [table]
 

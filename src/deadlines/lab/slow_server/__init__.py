@@ -21,9 +21,7 @@ import contextlib
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import aiohttp
+from typing import TYPE_CHECKING, Any
 
 import deadlines
 
@@ -32,6 +30,9 @@ from .. import _params, chapter, report
 from ..harness import Processes
 from ..load import LoadRun, run_open_loop
 from ..progress import Progress
+
+if TYPE_CHECKING:
+    import aiohttp  # imported where the processes run: the simulated twin needs none
 
 POLICIES = ("round_robin", "least_outstanding", "round_robin+deadlines")
 _KNOWN = {"round_robin", "least_outstanding"}
@@ -140,6 +141,8 @@ async def _stats(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
 
 
 async def _drive(p: Params, policy: str, urls: list[str]) -> dict[str, Any]:
+    import aiohttp
+
     with_deadlines = policy.endswith("+deadlines")
     balancer = Balancer(urls, policy)
     picked: dict[int, int] = {}
