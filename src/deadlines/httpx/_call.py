@@ -11,16 +11,14 @@ from __future__ import annotations
 import contextvars
 import functools
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 from .. import _clock
 from .._budget import CallBudget, Limit
 from .._dependency import Dependency
-from .._errors import also
+from .._errors import Phase, also
 from ..wire import HEADER
 from ._lib import anyio, httpcore, httpx
-
-Phase = Literal["pool", "connect", "headers", "body"]
 
 _HEADER_BYTES = HEADER.encode("ascii")
 
