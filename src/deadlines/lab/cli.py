@@ -31,6 +31,7 @@ EXPERIMENTS: dict[str, str] = {
     "cascade": "deadlines.lab.cascade",
     "chain": "deadlines.lab.chain",
     "slow-server": "deadlines.lab.slow_server",
+    "overload": "deadlines.lab.overload",
 }
 
 
@@ -43,6 +44,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "cascade": ("aiohttp",),
     "chain": ("httpx", "httpcore", "starlette", "uvicorn"),
     "slow-server": ("aiohttp",),
+    "overload": ("aiohttp",),
 }
 
 #: Where bare `deadlines lab` writes its report.
@@ -80,6 +82,13 @@ _SECTIONS = {
         "One server of N becomes 5× slower at t=1 s but stays healthy. Round robin keeps "
         "sending it its share; its queue grows and so does p99. Least outstanding routes "
         "around it; deadlines shed the work nobody waits for any more.",
+    ),
+    "overload": (
+        "Beyond the chapter — goodput under overload",
+        "A service with a fixed capacity C gets 0.5 to 8 × C, then 0.5 × C again. With"
+        " timeouts alone its queue grows until every answer comes after the deadline;"
+        " naive retries multiply the load. Deadlines with admission, queue-delay shedding"
+        " and a retry budget keep it answering in time (issue 33's goals, measured).",
     ),
 }
 
