@@ -139,6 +139,7 @@ class Service:
             counts.served += 1
             if job.abandoned or job.done.done():
                 counts.unused += 1
+                await asyncio.sleep(0)  # arrivals and /_stats are read between two jobs
                 continue
             job.done.set_result(200)
             # The answer goes out before the next job blocks the loop for a whole job.
