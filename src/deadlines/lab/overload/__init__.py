@@ -440,8 +440,9 @@ def tables(result: dict[str, Any]) -> list[report.Table]:
         )
         out.append(table)
     out[0].title = (
-        f"overload: C = {cap['capacity_per_s']:g} req/s measured ({p['service_ms']:g} ms of"
-        f" CPU per request), deadline {p['deadline']:g} s\n" + out[0].title
+        f"overload: C = {cap['capacity_per_s']:g} req/s measured (about"
+        f" {1000.0 / cap['capacity_per_s']:.0f} ms per request), deadline {p['deadline']:g} s\n"
+        + out[0].title
     )
     out[-1].note += (
         " goodput: answers within the deadline per second; in time: their share of the"
@@ -533,16 +534,20 @@ def plot(result: dict[str, Any], path: str | Path) -> Path:
         right.plot([pt[0] for pt in series], [pt[2] for pt in series], label=_short(name))
     left.axhline(cap, color="grey", linestyle=":", label="C (measured)")
     left.set_xscale("log", base=2)
+    loads = [float(x) for x in p["loads"]]
+    left.set_xticks(loads, [f"{x:g}" for x in loads])
     left.set_xlabel("offered load, × C")
     left.set_ylabel("goodput, answers in time per s")
+    left.set_ylim(bottom=0)
     left.legend(fontsize=8)
-    first = next(iter(result["variants"].values()))["series"]
-    right.plot([pt[0] for pt in first], [pt[1] for pt in first], color="grey",
-               linestyle=":", label="offered (first attempts)")  # fmt: skip
+    right.axhline(cap, color="grey", linestyle=":", label="C (measured)")
     right.axvline(len(p["loads"]) * p["level_for"], color="grey", linestyle="--")
-    right.set_yscale("symlog")
-    right.set_xlabel("seconds (by send time)")
-    right.set_ylabel("answers in time per s")
+    right.annotate("the spike ends", (len(p["loads"]) * p["level_for"], 1.0),
+                   xycoords=("data", "axes fraction"), xytext=(3, -12),
+                   textcoords="offset points", fontsize=7, color="grey")  # fmt: skip
+    right.set_ylim(bottom=0)
+    right.set_xlabel("seconds (requests by send time; the load steps up every level)")
+    right.set_ylabel("answered in time, per s sent")
     right.legend(fontsize=8)
     fig.suptitle(f"overload: goodput against load, deadline {p['deadline']:g} s")
     return report.save_figure(fig, path)
