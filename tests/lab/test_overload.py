@@ -19,7 +19,8 @@ from .helpers import QuickAll
 
 LEVEL_KEYS = {
     "level", "load", "offered_per_s", "goodput_per_s", "goodput_pct_of_c", "in_time_pct",
-    "wasted_pct", "p50_ms", "p99_ms", "sent", "attempts", "served", "refused", "refused_why",
+    "wasted_pct", "p50_ms", "p99_ms", "sent", "attempts", "served", "unused", "refused",
+    "refused_why",
 }  # fmt: skip
 PROTECTED = "deadlines+retries+budget+admission+codel"
 
@@ -132,6 +133,7 @@ class TestQuickRun:
                 # By answer time, goodput is what the service could do: far below 3 × C.
                 assert 0.0 <= lv["goodput_per_s"] <= 3.0 * cap, (name, lv)
                 assert lv["served"] + lv["refused"] <= lv["attempts"]
+                assert lv["unused"] <= lv["served"]
                 assert lv["p50_ms"] is None or lv["p50_ms"] <= lv["p99_ms"]
             assert v["recovery_s"] is None or 0.0 <= v["recovery_s"] <= p.recover_for
             assert all(not math.isnan(pt[2]) for pt in v["series"])

@@ -323,6 +323,7 @@ def _summarise(p: Params, run: LoadRun, stats: dict[str, Any], capacity: float) 
                 "sent": len(shots),
                 "attempts": counts["arrived"],
                 "served": served,
+                "unused": counts["unused"],
                 "refused": counts["refused"],
                 "refused_why": counts.get("why", {}),
             }
