@@ -189,11 +189,12 @@ def test_all_writes_a_markdown_report_with_pictures(quick_all: QuickAll) -> None
     text = quick_all.report.read_text()
     assert f"Report: {quick_all.report}" in quick_all.run.stdout
     pictures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
-    assert len(pictures) == 4
+    assert len(pictures) == 5
     for picture in pictures:
         png = quick_all.report.parent / picture
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for heading in ("Part 2", "Part 3", "Part 4", "Slow is worse than down"):
+    headings = ("Part 2", "Part 3", "Part 4", "Slow is worse than down", "Beyond the chapter")
+    for heading in headings:
         assert f"## {heading}" in text
     assert text.count("| --- |") >= 4
     assert "pending" not in quick_all.data["cascade"] or not quick_all.data["cascade"]["pending"]

@@ -1,6 +1,6 @@
-"""`deadlines lab [defaults|cascade|chain|slow-server|all]`: the experiments, from the shell.
+"""`deadlines lab [defaults|cascade|chain|slow-server|overload|all]`: the experiments.
 
-Bare `deadlines lab` runs them all (about two minutes) and writes one Markdown report
+Bare `deadlines lab` runs them all (about five minutes) and writes one Markdown report
 with tables and pictures. Each experiment prints tables like the chapter's, with the
 chapter's figures beside its own and a verdict (agrees, or differs and why); `--json`
 writes its figures, `--plot` a PNG, `--quick` a short version. The chapter's numbers
@@ -31,6 +31,7 @@ EXPERIMENTS: dict[str, str] = {
     "cascade": "deadlines.lab.cascade",
     "chain": "deadlines.lab.chain",
     "slow-server": "deadlines.lab.slow_server",
+    "overload": "deadlines.lab.overload",
 }
 
 
@@ -43,6 +44,7 @@ REQUIRES: dict[str, tuple[str, ...]] = {
     "cascade": ("aiohttp",),
     "chain": ("httpx", "httpcore", "starlette", "uvicorn"),
     "slow-server": ("aiohttp",),
+    "overload": ("aiohttp",),
 }
 
 #: Where bare `deadlines lab` writes its report.
@@ -81,6 +83,13 @@ _SECTIONS = {
         "sending it its share; its queue grows and so does p99. Least outstanding routes "
         "around it; deadlines shed the work nobody waits for any more.",
     ),
+    "overload": (
+        "Beyond the chapter — goodput under overload",
+        "A service with a fixed capacity C gets 0.5 to 8 × C, then 0.5 × C again. With"
+        " timeouts alone its queue grows until every answer comes after the deadline;"
+        " naive retries multiply the load. Deadlines with admission, queue-delay shedding"
+        " and a retry budget keep it answering in time (issue 33's goals, measured).",
+    ),
 }
 
 #: A flag's kind for seconds: "300ms", "2s" or a number, read as `sim` and `plan` read them.
@@ -107,7 +116,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the lab's arguments to `parser` (the `lab` subcommand)."""
     parser.add_argument(
         "experiment", nargs="?", default="all", choices=[*EXPERIMENTS, "all"],
-        help="which experiment (default: all, about two minutes)",
+        help="which experiment (default: all, about five minutes)",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="short version (for tests)")
     parser.add_argument("--json", metavar="PATH", help="write the figures as JSON")
@@ -136,9 +145,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(g, "cascade", "recs_timeout", SECONDS, "timeout/deadlines: limit on recs, s (0.3)")
     _flag(g, "cascade", "checkout_timeout", SECONDS, "what the client gives /checkout, s (5)")
     _flag(g, "cascade", "home_deadline", SECONDS, "deadlines: /home's route deadline, s (1)")
-    g = parser.add_argument_group("cascade and chain")
+    g = parser.add_argument_group("cascade, chain and overload")
     _flag(g, "*", "variants", tuple, "cascade: no_timeout,timeout,bulkhead,deadlines; "
-          "chain: fixed,propagated")  # fmt: skip
+          "chain: fixed,propagated; overload: switches joined by + (see the docs)")  # fmt: skip
     g = parser.add_argument_group("chain")
     _flag(g, "chain", "user_wait", SECONDS, "how long the user waits, s (2)")
     _flag(g, "chain", "a_work", SECONDS, "A's own work, s (0.2)")
@@ -152,12 +161,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _flag(g, "slow-server", "servers", int, "backend processes (3)")
     _flag(g, "slow-server", "rate", float, "requests per second (90)")
     _flag(g, "slow-server", "run_for", SECONDS, "seconds of load per policy (7)")
-    _flag(g, "slow-server", "service_ms", float, "one request's work on a backend, ms (20)")
     _flag(g, "slow-server", "slow_factor", float, "how much slower one backend gets (5)")
     _flag(g, "slow-server", "slow_at", SECONDS, "when it gets slower, s (1)")
     _flag(g, "slow-server", "request_deadline", SECONDS, "deadlines policy: budget, s (1)")
     _flag(g, "slow-server", "client_timeout", SECONDS, "other policies: client gives up, s (3)")
     _flag(g, "slow-server", "policies", tuple, "round_robin,least_outstanding,...")
+    g = parser.add_argument_group("slow-server and overload")
+    _flag(g, "*", "service_ms", float, "one request's work: slow-server on a backend (20),"
+          " overload CPU on the service (40), ms")  # fmt: skip
+    g = parser.add_argument_group("overload")
+    _flag(g, "overload", "loads", tuple, "load levels, multiples of C (0.5,1,2,4,8)")
+    _flag(g, "overload", "level_for", SECONDS, "seconds at each level (4)")
+    _flag(g, "overload", "after_load", float, "load after the spike, × C (0.5)")
+    _flag(g, "overload", "recover_for", SECONDS, "seconds after the spike (6)")
+    _flag(g, "overload", "deadline", SECONDS, "each user request's deadline, s (1)")
+    _flag(g, "overload", "retries", int, "retries after a failure, with retries (3)")
+    _flag(g, "overload", "retry_percent", float, "budget: retries as a share of calls (0.2)")
+    _flag(g, "overload", "codel_target", SECONDS, "codel: queue delay target, s (0.1)")
+    _flag(g, "overload", "codel_interval", SECONDS, "codel: interval, s (0.5)")
+    _flag(g, "overload", "rejection_budget", float, "admission: most refused, share (0.2)")
+    _flag(g, "overload", "calibrate_for", SECONDS, "seconds measuring C (1.5)")
 
 
 def params_for(name: str, args: argparse.Namespace) -> Any:
@@ -234,13 +257,12 @@ def _prepare(args: argparse.Namespace) -> _Run:
     if absent:
         raise UsageError(f"needs {', '.join(absent)} (not installed): pip install 'deadlines[lab]'")
     params = {name: params_for(name, args) for name in names}
-    if "slow-server" in params and not simulated:
-        from .slow_server import check_processes
-
-        try:
-            check_processes(params["slow-server"])
-        except ValueError as exc:
-            raise UsageError(f"slow-server: {exc}") from None
+    for name in ("slow-server", "overload"):
+        if name in params and not simulated:
+            try:
+                experiment(name).check_processes(params[name])
+            except ValueError as exc:
+                raise UsageError(f"{name}: {exc}") from None
     _check_outputs(args, names, report, every)
     expected = sum(_expected_seconds(n, p, simulated) for n, p in params.items())
     if expected > LONGEST_RUN:

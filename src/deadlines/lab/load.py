@@ -50,6 +50,8 @@ class LoadRun:
     rates: Mapping[str, float]
     duration: float
     shots: list[Shot] = field(default_factory=list)
+    #: Each stream's ``(start, end)`` within the run.
+    spans: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def of(self, kind: str) -> list[Shot]:
         """The shots of stream `kind`."""
@@ -85,14 +87,23 @@ class LoadRun:
         return out
 
 
-def schedule(rates: Mapping[str, float], duration: float) -> list[tuple[float, str, int]]:
-    """Evenly spaced start instants for each stream: ``(offset_s, kind, index)``, sorted."""
+def schedule(
+    rates: Mapping[str, float],
+    duration: float,
+    spans: Mapping[str, tuple[float, float]] | None = None,
+) -> list[tuple[float, str, int]]:
+    """Evenly spaced start instants for each stream: ``(offset_s, kind, index)``, sorted.
+
+    A stream runs from 0 to `duration`, or over its own ``(start, end)`` in `spans`
+    (a load that steps up: one stream per step).
+    """
     plan: list[tuple[float, str, int]] = []
     for kind, rate in rates.items():
         if rate < 0 or not math.isfinite(rate):
             raise ValueError(f"rate for {kind!r} must be a finite number >= 0, got {rate}")
-        count = math.floor(rate * duration + 1e-9)
-        plan.extend((i / rate, kind, i) for i in range(count))
+        start, end = (spans or {}).get(kind, (0.0, duration))
+        count = math.floor(rate * (end - start) + 1e-9)
+        plan.extend((start + i / rate, kind, i) for i in range(count))
     plan.sort()
     return plan
 
@@ -106,15 +117,18 @@ async def run_open_loop(
     wait_for: Collection[str] | None = None,
     keep_until: float = 0.0,
     on_tick: Callable[[float], None] | None = None,
+    spans: Mapping[str, tuple[float, float]] | None = None,
 ) -> LoadRun:
     """Start `fire(kind, index)` on schedule for `duration` s; wait `drain` s for stragglers.
 
     The drain waits only for the streams in `wait_for` (all by default), and at least
     until `keep_until` s after the start. Requests still unanswered after it are
     cancelled (their connections closed) and keep ``ended=None``. Time zero is the first
-    planned start; `on_tick(t)` is called as starts go out.
+    planned start; `on_tick(t)` is called as starts go out. `spans` gives a stream
+    its own ``(start, end)`` within the run (see `schedule`).
     """
     run = LoadRun(dict(rates), duration)
+    run.spans = {kind: (spans or {}).get(kind, (0.0, duration)) for kind in rates}
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[None]] = []
     t0 = loop.time()
@@ -126,7 +140,7 @@ async def run_open_loop(
             shot.error = f"{type(exc).__name__}: {exc}"
         shot.ended = loop.time() - t0
 
-    for offset, kind, index in schedule(rates, duration):
+    for offset, kind, index in schedule(rates, duration, spans):
         delay = t0 + offset - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
