@@ -133,8 +133,8 @@ class Middleware:
         else:
             call.finish()  # a response class that cannot report its end: at the head
         raw = response.content
-        response.content = Content(raw, call, response)  # type: ignore[assignment]
-        if not raw.is_eof():
+        if not raw.is_eof():  # a body already whole (most small ones) has no read to bound
+            response.content = Content(raw, call, response)  # type: ignore[assignment]
             start_idle_timer(response, call.dependency.idle)
         return response
 
