@@ -195,7 +195,8 @@ async def _calibrate(url: str, seconds: float) -> float:
     import aiohttp
 
     done = 0
-    async with aiohttp.ClientSession() as session:
+    timeout = aiohttp.ClientTimeout(total=seconds + 5.0)  # a stuck service fails the run
+    async with aiohttp.ClientSession(timeout=timeout) as session:
         end = time.monotonic() + seconds
 
         async def user() -> None:
