@@ -73,12 +73,12 @@ class CallBudget:
     # Slots: one is made per outbound call, on every integration's hot path.
     __slots__ = (
         "_end_source",
-        "_finished",
         "_frame",
         "_sources",
         "budget",
         "dependency",
         "end",
+        "finished",
         "phase",
         "pool_wait",
         "request_budget",
@@ -90,7 +90,7 @@ class CallBudget:
     def __init__(self, dependency: Dependency) -> None:
         self.dependency = dependency
         self.start = start = _clock.now()
-        frame = _scope._frame.get()
+        frame = _scope.frame_var.get()
         #: Clock instant of the request's deadline (inf without one).
         self.request_end = request_end = math.inf if frame is None else frame.at
         #: Seconds the request's deadline scope was given (None without one).
@@ -107,7 +107,8 @@ class CallBudget:
         self.phase: Phase | None = None
         self._frame = frame
         self._sources: dict[Limit, Binding] = {}
-        self._finished = False
+        #: Whether `finish` reported the call's end.
+        self.finished = False
         if budget <= 0.0 or budget < dependency.min_useful:
             exc = BudgetExhausted(
                 remaining=budget,
@@ -204,7 +205,7 @@ class CallBudget:
     # Reporting to observers (metrics, traces, logs).
 
     def __enter__(self) -> CallBudget:
-        if _events._observers:  # as `_events.active()`, without the call: every call asks
+        if _events.observers:  # as `_events.active()`, without the call: every call asks
             _events.emit(_events.CallStarted(self.dependency.name, self.budget, id(self)))
         return self
 
@@ -218,11 +219,11 @@ class CallBudget:
 
     def finish(self, error: BaseException | None = None) -> None:
         """Report the end of the call once (later calls are ignored)."""
-        if self._finished:
+        if self.finished:
             return
-        self._finished = True
+        self.finished = True
         cut = error is not None and _is_cancellation(error) and self._note_cut()
-        if not _events._observers:
+        if not _events.observers:
             return
         outcome: _events.CallOutcome
         phase: str | None = None

@@ -26,7 +26,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class _Frame:
+class Frame:
     """What the context holds: the deadline's instant and how it was made, for errors.
 
     The `Deadline` object itself is made only when somebody asks (`current()`): most
@@ -70,20 +70,20 @@ class Cut:
     pool_wait: float | None
 
 
-_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+frame_var: contextvars.ContextVar[Frame | None] = contextvars.ContextVar(
     "deadlines.frame", default=None
 )
 
 
 def current() -> Deadline | None:
     """The deadline of the current request or scope, or None when there is none."""
-    frame = _frame.get()
+    frame = frame_var.get()
     return None if frame is None else frame.deadline
 
 
 def remaining() -> float:
     """Seconds left before the current deadline (never negative); `math.inf` without one."""
-    frame = _frame.get()
+    frame = frame_var.get()
     return math.inf if frame is None else frame.remaining()
 
 
@@ -92,7 +92,7 @@ def check() -> None:
 
     Sync code cannot be interrupted; call this between steps of long work.
     """
-    frame = _frame.get()
+    frame = frame_var.get()
     if frame is not None and _clock.now() >= frame.at:
         raise _exceeded(frame)
 
@@ -111,7 +111,7 @@ def carry(fn: Callable[P, R]) -> Callable[P, R]:
     return carried
 
 
-def _exceeded(frame: _Frame) -> DeadlineExceeded:
+def _exceeded(frame: Frame) -> DeadlineExceeded:
     elapsed = _clock.now() - frame.started
     cut = frame.cut
     if cut is None:
@@ -151,10 +151,10 @@ class scope:
             raise TypeError(f"deadline must be a Deadline, not {deadline!r}")
         self._deadline = deadline
         self._entered = False
-        self._frame: _Frame | None = None
-        self._token: contextvars.Token[_Frame | None] | None = None
+        self._frame: Frame | None = None
+        self._token: contextvars.Token[Frame | None] | None = None
         self._timeout: _alarms.Timeout | None = None  # the asyncio canceller, inline
-        self._canceller: _Canceller | None = None  # trio's
+        self._canceller: Canceller | None = None  # trio's
 
     @property
     def deadline(self) -> Deadline | None:
@@ -165,23 +165,23 @@ class scope:
         if self._entered:
             raise RuntimeError("a deadlines.scope can be entered only once")
         self._entered = True
-        frame = _frame.get()
+        frame = frame_var.get()
         budget, given = self._budget, self._deadline
         if budget is not None or given is not None:
             start = _clock.now()
             if budget is not None:
                 at = start + budget
                 if frame is None or at < frame.at:
-                    frame = _Frame(at, budget, start)
+                    frame = Frame(at, budget, start)
             if given is not None and (frame is None or given._at < frame.at):
-                frame = _Frame(given._at, max(0.0, given._at - start), start, given)
+                frame = Frame(given._at, max(0.0, given._at - start), start, given)
         self._frame = frame
-        self._token = _frame.set(frame)
+        self._token = frame_var.set(frame)
         return None if frame is None else frame.deadline
 
     def _exit(self) -> None:
         if self._token is not None:
-            _frame.reset(self._token)
+            frame_var.reset(self._token)
             self._token = None
 
     def __enter__(self) -> Deadline | None:
@@ -227,7 +227,7 @@ class scope:
             timeout.enter(loop, task)
             self._timeout = timeout
         else:
-            self._canceller = _Canceller.start(left)
+            self._canceller = Canceller.start(left)
 
     def _exit_async(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
         """What ``async with`` does on exit: disarm, restore, and raise `DeadlineExceeded`
@@ -240,13 +240,13 @@ class scope:
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
-        token: contextvars.Token[_Frame | None],
+        token: contextvars.Token[Frame | None],
     ) -> None:
         """`_exit_async` with the token given: an integration that set the frame itself
         (the ASGI middleware's exchange) keeps the token, not the scope."""
         timeout = self._timeout
         if timeout is None and self._canceller is None:  # never armed: most ASGI requests
-            _frame.reset(token)
+            frame_var.reset(token)
             return
         try:
             if timeout is not None:
@@ -256,7 +256,7 @@ class scope:
             else:
                 fired = False
         finally:
-            _frame.reset(token)
+            frame_var.reset(token)
         if fired:
             assert self._frame is not None
             raise _exceeded(self._frame) from None
@@ -274,7 +274,7 @@ class scope:
         return False
 
 
-class _Canceller:
+class Canceller:
     """Cancels the current task at an instant: asyncio's Timeout or a trio CancelScope."""
 
     __slots__ = ("_asyncio", "_trio")
@@ -284,7 +284,7 @@ class _Canceller:
         self._trio: Any = None
 
     @classmethod
-    def start(cls, seconds: float) -> _Canceller:
+    def start(cls, seconds: float) -> Canceller:
         """Arm a canceller `seconds` from now in the running task."""
         self = cls()
         loop = _loop.running()
@@ -292,7 +292,7 @@ class _Canceller:
             self._asyncio = _alarms.Timeout(loop.time() + seconds)
             self._asyncio.enter(loop)
             return self
-        trio = _running_trio()
+        trio = running_trio()
         if trio is None:
             raise RuntimeError("deadlines.scope needs a running asyncio or trio event loop")
         self._trio = trio.CancelScope(deadline=trio.current_time() + seconds)
@@ -308,7 +308,7 @@ class _Canceller:
         return self._asyncio.leave(exc_type)
 
 
-def _running_trio() -> Any:
+def running_trio() -> Any:
     """The trio module if the current task runs under trio, else None (no import)."""
     trio = sys.modules.get("trio")
     if trio is None or asyncio._get_running_loop() is not None:
@@ -318,3 +318,8 @@ def _running_trio() -> Any:
     except RuntimeError:
         return None
     return trio
+
+
+# The names `streams.py` and `retry.py` still use (their owners move them to the above).
+_Canceller = Canceller
+_running_trio = running_trio

@@ -39,8 +39,7 @@ from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
 from ._inbound import Limits, limits
-from ._scope import _Frame
-from ._scope import _frame as _frame_var
+from ._scope import Frame, frame_var
 from ._scope import scope as deadline_scope
 
 try:
@@ -343,7 +342,7 @@ class _Watch:
         self._poller = poller
         self._host: asyncio.Task[Any] | None = None
         self._scope: deadline_scope | None = None
-        self._outer: _Frame | None = None
+        self._outer: Frame | None = None
         self._cancels = 0
         self.caller_left: CallerLeft | None = None
         self.apps_own = False  # the handler raised a DeadlineExceeded of its own
@@ -353,7 +352,7 @@ class _Watch:
         self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
         self._poller.add(self)
         request_scope = self._scope = deadline_scope(budget)
-        self._outer = _frame_var.get()  # an outer scope's frame binds if nearer
+        self._outer = frame_var.get()  # an outer scope's frame binds if nearer
         try:
             async with request_scope:
                 try:
@@ -456,8 +455,8 @@ class _Watch:
             # handler prepares the socket in one); and gone from this one.
             frame.at = math.inf
             frame._deadline = None
-            if _frame_var.get() is frame:
-                _frame_var.set(None)
+            if frame_var.get() is frame:
+                frame_var.set(None)
         self.report.finish("ok")  # the request was the handshake, answered 101
 
     def _left(self) -> CallerLeft:

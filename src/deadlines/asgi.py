@@ -48,8 +48,7 @@ from . import _clock, _events, _inbound, _loop, _validate, wire
 from ._errors import CallerLeft, DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
-from ._scope import _Frame, _running_trio
-from ._scope import _frame as _frame_var
+from ._scope import Frame, frame_var, running_trio
 from ._scope import scope as deadline_scope
 
 _get_ident = threading.get_ident
@@ -183,7 +182,7 @@ class DeadlineMiddleware:
             budget = (found if found < maximum else maximum) - self._reserve
             if budget < 0.0:
                 budget = 0.0
-        if _events._observers:
+        if _events.observers:
             _events.emit(_events.RequestStarted(label, budget))
         # The running loop's sweeper: the last one's while its loop runs in this thread
         # (`_loop.running`'s test, inline; only loops with a `_thread_id` are
@@ -202,12 +201,12 @@ class DeadlineMiddleware:
             finally:
                 exchange._finish(label, "budget_exhausted", budget)
             return
-        frame = _frame_var.get()
+        frame = frame_var.get()
         at = started + budget
         if frame is None or at < frame.at:  # else an outer deadline binds
-            frame = _Frame(at, budget, started)
+            frame = Frame(at, budget, started)
         exchange._frame = frame
-        token = _frame_var.set(frame)
+        token = frame_var.set(frame)
         outcome: RequestOutcome = "ok"
         try:
             if sweeper is not None:
@@ -246,7 +245,7 @@ class DeadlineMiddleware:
                 exchange._sweeper._pending.pop(exchange, None)
             if exchange._pump is not None or exchange._cancels:
                 exchange._stop_watching()
-            if _events._observers:
+            if _events.observers:
                 if exchange.caller_left is not None:
                     outcome = "caller_left"
                 exchange._finish(label, outcome, budget)
@@ -255,7 +254,7 @@ class DeadlineMiddleware:
         self, scope: Scope, receive: Receive, send: Send, started: float
     ) -> _Exchange:
         """Under trio, the trio exchange; with no loop at all, one that fails as a scope would."""
-        trio = _running_trio()
+        trio = running_trio()
         if trio is None:
             return _Exchange(self, receive, send, started)
         exchange = _TrioExchange(self, receive, send, started, trio)
@@ -451,7 +450,7 @@ class _Exchange(deadline_scope):
     async def _failed(
         self,
         exc: BaseException,
-        token: contextvars.Token[_Frame | None],
+        token: contextvars.Token[Frame | None],
         scope: Scope,
         limits_: Limits,
         budget: float,
@@ -526,7 +525,7 @@ class _Exchange(deadline_scope):
             pass
 
     def _finish(self, route: str, outcome: RequestOutcome, budget: float) -> None:
-        if _events._observers:
+        if _events.observers:
             start = self._start
             if outcome == "ok" and start is not None:  # a server error it answered with
                 outcome = _inbound.answer_outcome(start.get("status", 200))

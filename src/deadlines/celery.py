@@ -78,7 +78,7 @@ def _on_publish(headers: MutableMapping[str, Any] | None = None, **_: Any) -> No
         return
     stamped = jobs.stamp({jobs.FIELD: headers[jobs.FIELD]} if jobs.FIELD in headers else {})
     at = stamped.get(jobs.FIELD)
-    valid = jobs._parse(at)[1] is None
+    valid = jobs.parse(at)[1] is None
     if at is None or not valid:
         return  # no deadline anywhere, or a bad header the worker will count
     headers[jobs.FIELD] = at

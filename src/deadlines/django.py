@@ -36,8 +36,7 @@ from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
 from ._inbound import Limits
-from ._scope import _Frame
-from ._scope import _frame as _frame_var
+from ._scope import Frame, frame_var
 from ._scope import scope as deadline_scope
 
 try:
@@ -110,29 +109,29 @@ class DeadlineMiddleware:
         if info.budget <= 0.0:
             info.report.finish("budget_exhausted")
             return self._timeout(info)
-        request_scope = deadline_scope(info.budget)
         try:
-            with request_scope:
+            with deadline_scope(info.budget):
                 response = self.get_response(request)
+                frame = frame_var.get()
         except DeadlineExceeded as exc:  # raised by a middleware after this one
             info.report.finish(_inbound.deadline_outcome(exc))
             return self._timeout(info)
         except BaseException:
             info.report.finish("error")
             raise
-        return self._answered(info, response, request_scope._frame)
+        return self._answered(info, response, frame)
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
         info = self._arrive(request)
         if info.budget <= 0.0:
             info.report.finish("budget_exhausted")
             return self._timeout(info)
-        request_scope = deadline_scope(info.budget)
         try:
-            async with request_scope:
+            async with deadline_scope(info.budget):
                 get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]]
                 get_response = self.get_response
                 response = await get_response(request)
+                frame = frame_var.get()
         except DeadlineExceeded as exc:  # the view was cancelled at the deadline
             info.report.finish(_inbound.deadline_outcome(exc))
             return self._timeout(info)
@@ -142,7 +141,7 @@ class DeadlineMiddleware:
         except BaseException:
             info.report.finish("error")
             raise
-        return self._answered(info, response, request_scope._frame)
+        return self._answered(info, response, frame)
 
     def process_exception(
         self, request: HttpRequest, exception: Exception
@@ -174,7 +173,7 @@ class DeadlineMiddleware:
         return response
 
     def _answered(
-        self, info: _Request, response: HttpResponseBase, frame: _Frame | None
+        self, info: _Request, response: HttpResponseBase, frame: Frame | None
     ) -> HttpResponseBase:
         """Report the outcome now, or for a streamed body when it ends."""
         if info.timed_out is not None:  # process_exception answered 504
@@ -197,20 +196,20 @@ def _meta_key(header: str) -> str:
 
 
 def _stream(
-    content: Iterator[bytes], frame: _Frame, info: _Request, outcome: RequestOutcome
+    content: Iterator[bytes], frame: Frame, info: _Request, outcome: RequestOutcome
 ) -> Iterator[bytes]:
     """A sync streamed body, each chunk made under the request's deadline."""
     ended = False
     try:
         while True:
-            token = _frame_var.set(frame)
+            token = frame_var.set(frame)
             try:
                 chunk = next(content)
             except StopIteration:
                 ended = True
                 return
             finally:
-                _frame_var.reset(token)
+                frame_var.reset(token)
             yield chunk
     except DeadlineExceeded as exc:  # the headers are out: the server drops the connection
         info.report.finish(_inbound.deadline_outcome(exc))
@@ -221,20 +220,20 @@ def _stream(
 
 
 async def _stream_async(
-    content: AsyncIterator[bytes], frame: _Frame, info: _Request, outcome: RequestOutcome
+    content: AsyncIterator[bytes], frame: Frame, info: _Request, outcome: RequestOutcome
 ) -> AsyncIterator[bytes]:
     """An async streamed body, each chunk made under the request's deadline."""
     ended = False
     try:
         while True:
-            token = _frame_var.set(frame)
+            token = frame_var.set(frame)
             try:
                 chunk = await anext(content)
             except StopAsyncIteration:
                 ended = True
                 return
             finally:
-                _frame_var.reset(token)
+                frame_var.reset(token)
             yield chunk
     except DeadlineExceeded as exc:
         info.report.finish(_inbound.deadline_outcome(exc))

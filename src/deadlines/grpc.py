@@ -339,7 +339,7 @@ class _Call:
         not retry-safe. Observers hear of its end however the caller uses it."""
         self.budget.request_sent = True
         self.budget.phase = "body"
-        if _events._observers:
+        if _events.observers:
             self.budget.__enter__()  # CallStarted; `finish` reports the end, once
             self._follow(real)
 
@@ -395,7 +395,7 @@ class _Call:
         loop = asyncio.get_running_loop()
 
         def ended(_: Any) -> None:
-            if not self.budget._finished:
+            if not self.budget.finished:
                 task = loop.create_task(self._report(real))
                 _REPORTS.add(task)
                 task.add_done_callback(_REPORTS.discard)

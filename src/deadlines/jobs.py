@@ -130,7 +130,7 @@ def stamp(
     result = dict(payload)
     at = deadline_at(deadline=deadline)
     if at is not None:
-        earlier, problem = _parse(result.get(FIELD))
+        earlier, problem = parse(result.get(FIELD))
         result[FIELD] = at if problem is not None or earlier is None else min(at, earlier)
     return result
 
@@ -144,7 +144,7 @@ def headers(*, deadline: Deadline | float | timedelta | None = None) -> dict[str
 # Reading, in the worker.
 
 
-def _parse(value: object) -> tuple[float | None, Problem | None]:
+def parse(value: object) -> tuple[float | None, Problem | None]:
     """The stored Unix time, or what is wrong with it."""
     if value is None:
         return None, "missing"
@@ -180,7 +180,7 @@ def _lookup(source: Mapping[str, Any]) -> object:
 def _resolve(
     source: Mapping[str, Any], default: float, maximum: float | None
 ) -> tuple[Deadline, float | None, Problem | None]:
-    wall, problem = _parse(_lookup(source))
+    wall, problem = parse(_lookup(source))
     deadline = Deadline.after(default) if wall is None else Deadline.from_wall(wall)
     if maximum is not None:
         deadline = deadline.shrink(maximum)

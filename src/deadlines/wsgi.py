@@ -44,8 +44,7 @@ from . import _clock, _inbound, _validate, wire
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
-from ._scope import _Frame
-from ._scope import _frame as _frame_var
+from ._scope import Frame, frame_var
 from ._scope import scope as deadline_scope
 
 __all__ = ["DeadlineMiddleware", "Limits", "limits", "timeout_response"]
@@ -175,10 +174,10 @@ class DeadlineMiddleware:
             report.finish("budget_exhausted")
             return _timeout(start_response, info, None)
         token = _request.set(info)
-        request_scope = deadline_scope(budget)
         try:
-            with request_scope:
+            with deadline_scope(budget):
                 result = self.app(environ, info)
+                frame = frame_var.get()
         except DeadlineExceeded as exc:
             report.finish(_inbound.deadline_outcome(exc))
             return _timeout(start_response, info, sys.exc_info())  # type: ignore[arg-type]
@@ -193,7 +192,6 @@ class DeadlineMiddleware:
             # wrapping it would hide it from the server's fast path.
             report.finish(info.outcome())
             return result
-        frame = request_scope._frame
         assert frame is not None
         body = _SizedBody if hasattr(result, "__len__") else _Body
         return body(result, frame, report, info, start_response)
@@ -226,7 +224,7 @@ class _Body:
     def __init__(
         self,
         result: Iterable[bytes],
-        frame: _Frame,
+        frame: Frame,
         report: _inbound.Report,
         info: _Request,
         start_response: StartResponse,
@@ -246,7 +244,7 @@ class _Body:
     def __next__(self) -> bytes:
         if self._ended:
             raise StopIteration
-        token = _frame_var.set(self._frame)
+        token = frame_var.set(self._frame)
         try:
             if self._iterator is None:
                 self._iterator = iter(self._result)
@@ -266,7 +264,7 @@ class _Body:
             self._report.finish("error")
             raise
         finally:
-            _frame_var.reset(token)
+            frame_var.reset(token)
         if chunk:
             self._sent = True
         return chunk
@@ -277,11 +275,11 @@ class _Body:
         try:
             close = getattr(self._result, "close", None)
             if close is not None:
-                token = _frame_var.set(self._frame)
+                token = frame_var.set(self._frame)
                 try:
                     close()
                 finally:
-                    _frame_var.reset(token)
+                    frame_var.reset(token)
         finally:
             if self._ended:
                 self._finish()
