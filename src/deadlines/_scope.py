@@ -94,7 +94,7 @@ def check() -> None:
     """
     frame = frame_var.get()
     if frame is not None and _clock.now() >= frame.at:
-        raise _exceeded(frame)
+        raise exceeded(frame)
 
 
 def carry(fn: Callable[P, R]) -> Callable[P, R]:
@@ -111,7 +111,7 @@ def carry(fn: Callable[P, R]) -> Callable[P, R]:
     return carried
 
 
-def _exceeded(frame: Frame) -> DeadlineExceeded:
+def exceeded(frame: Frame) -> DeadlineExceeded:
     elapsed = _clock.now() - frame.started
     cut = frame.cut
     if cut is None:
@@ -259,7 +259,7 @@ class scope:
             frame_var.reset(token)
         if fired:
             assert self._frame is not None
-            raise _exceeded(self._frame) from None
+            raise exceeded(self._frame) from None
 
     async def __aenter__(self) -> Deadline | None:
         return self._enter_async(_loop.running())
@@ -277,11 +277,11 @@ class scope:
 class Canceller:
     """Cancels the current task at an instant: asyncio's Timeout or a trio CancelScope."""
 
-    __slots__ = ("_asyncio", "_trio")
+    __slots__ = ("cancel_scope", "timeout")
 
     def __init__(self) -> None:
-        self._asyncio: _alarms.Timeout | None = None
-        self._trio: Any = None
+        self.timeout: _alarms.Timeout | None = None
+        self.cancel_scope: Any = None
 
     @classmethod
     def start(cls, seconds: float) -> Canceller:
@@ -289,23 +289,23 @@ class Canceller:
         self = cls()
         loop = _loop.running()
         if loop is not None:
-            self._asyncio = _alarms.Timeout(loop.time() + seconds)
-            self._asyncio.enter(loop)
+            self.timeout = _alarms.Timeout(loop.time() + seconds)
+            self.timeout.enter(loop)
             return self
         trio = running_trio()
         if trio is None:
             raise RuntimeError("deadlines.scope needs a running asyncio or trio event loop")
-        self._trio = trio.CancelScope(deadline=trio.current_time() + seconds)
-        self._trio.__enter__()
+        self.cancel_scope = trio.CancelScope(deadline=trio.current_time() + seconds)
+        self.cancel_scope.__enter__()
         return self
 
     def stop(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> bool:
         """Disarm; True when this canceller's own cancellation ended the body."""
-        if self._trio is not None:
-            self._trio.__exit__(exc_type, exc, None if exc is None else exc.__traceback__)
-            return bool(self._trio.cancelled_caught)
-        assert self._asyncio is not None
-        return self._asyncio.leave(exc_type)
+        if self.cancel_scope is not None:
+            self.cancel_scope.__exit__(exc_type, exc, None if exc is None else exc.__traceback__)
+            return bool(self.cancel_scope.cancelled_caught)
+        assert self.timeout is not None
+        return self.timeout.leave(exc_type)
 
 
 def running_trio() -> Any:

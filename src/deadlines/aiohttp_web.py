@@ -34,13 +34,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import _clock, _inbound, _loop, _validate, wire
-from ._errors import CallerLeft, DeadlineExceeded
+from . import _clock, _loop, _validate, wire
+from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
-from ._inbound import Limits, limits
+from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, limits_of
+from ._request import Request, answer_outcome, budget, deadline_outcome
 from ._scope import Frame, frame_var
-from ._scope import scope as deadline_scope
 
 try:
     from aiohttp import HttpVersion11, web
@@ -80,9 +80,9 @@ class DeadlineMiddleware:
         routes: Mapping[str, Limits] | None = None,
         watch_every: float | timedelta = 0.01,
     ) -> None:
-        self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
+        self._table = RouteTable(routes, Limits(default=default, maximum=maximum))
         self._reserve = _validate.seconds(reserve, "reserve")
-        self._header = _inbound.header_name(header)
+        self._header = header_name(header)
         self._names = (self._header, wire.GRPC_HEADER, wire.ENVOY_HEADER)
         self._watch_every = _validate.seconds(watch_every, "watch_every", allow_zero=False)
         # A plain dict: each poller holds its loop (for the request path's `call_later`),
@@ -97,17 +97,16 @@ class DeadlineMiddleware:
         without one)."""
         started = _clock.now()
         route, limits_, headers, budget = self._arrival(request)
-        report = _inbound.Report(route, budget, started)
-        watch = _Watch(request, self._poller(), report)
+        watch = _Watch(route, budget, started, request, self._poller())
         outcome: RequestOutcome = "error"
         try:
             if budget <= 0.0:
                 outcome = "budget_exhausted"
-                return self._timeout(headers, limits_, budget, started)
+                return self._timeout(watch, headers, limits_)
             if request.headers.get("Upgrade", "").lower() == "websocket":
                 watch.await_upgrade()
             try:
-                response = await watch.run(handler, budget)
+                response = await watch.run(handler)
             except asyncio.CancelledError:
                 if watch.caller_left is not None:
                     outcome = "caller_left"
@@ -117,12 +116,12 @@ class DeadlineMiddleware:
             except web.HTTPException as exc:
                 # aiohttp's way to answer (a redirect, a 404): a response, not a failure,
                 # unless it is a server error.
-                outcome = _inbound.answer_outcome(exc.status)
+                outcome = answer_outcome(exc.status)
                 raise
             except DeadlineExceeded as exc:
-                outcome = _inbound.deadline_outcome(exc)
+                outcome = deadline_outcome(exc)
                 if not _response_started(request):
-                    return self._timeout(headers, limits_, budget, started)
+                    return self._timeout(watch, headers, limits_)
                 if not _delivered(request):
                     raise  # the response is half out: aiohttp closes the connection
                 if watch.apps_own:  # after a whole response: the handler's own error
@@ -134,10 +133,10 @@ class DeadlineMiddleware:
             if watch.caller_left is not None:
                 outcome = "caller_left"
             else:  # a server error the handler answered with is an error
-                outcome = _inbound.answer_outcome(getattr(response, "status", 200))
+                outcome = answer_outcome(getattr(response, "status", 200))
             return response
         finally:
-            report.finish(outcome)
+            watch.finish(outcome)
 
     async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
         """A route's ``expect_handler``: no ``100 Continue`` for a request that arrived
@@ -155,8 +154,9 @@ class DeadlineMiddleware:
             await _expect_continue(request)
             return None
         # The middleware will not run for this request: it is reported here.
-        _inbound.Report(route, budget, started).finish("budget_exhausted")
-        return self._timeout(headers, limits_, budget, started)
+        expired = Request(route, budget, started)
+        expired.finish("budget_exhausted")
+        return self._timeout(expired, headers, limits_)
 
     def _arrival(self, request: web.Request) -> tuple[str, Limits, list[tuple[str, str]], float]:
         """The request's route label and limits, its deadline headers, and its budget."""
@@ -167,7 +167,7 @@ class DeadlineMiddleware:
             for name in self._names
             for value in getall(name, ())
         ]
-        return route, limits_, headers, _inbound.budget(headers, limits_, self._reserve)
+        return route, limits_, headers, budget(wire.header_budget(headers), limits_, self._reserve)
 
     def _poller(self) -> _Poller:
         loop = _loop.running() or asyncio.get_running_loop()
@@ -187,20 +187,14 @@ class DeadlineMiddleware:
         template = resource.canonical if resource is not None else None
         pattern, table_limits = self._table.match(request.method, request.path)
         handler = getattr(route, "handler", None)
-        marked = _inbound.limits_of(handler)
+        marked = limits_of(handler)
         if isinstance(handler, type):  # a class-based view: its method's mark wins
             method = getattr(handler, request.method.lower(), None)
-            marked = _inbound.limits_of(method) or marked
-        return template or pattern or _inbound.UNMATCHED, marked or table_limits
+            marked = limits_of(method) or marked
+        return template or pattern or UNMATCHED, marked or table_limits
 
-    def _timeout(
-        self, headers: Any, limits_: Limits, budget: float, started: float
-    ) -> web.Response:
-        body = _inbound.timeout_body(
-            limit=_inbound.binding_limit(headers, limits_, self._header),
-            budget=budget,
-            elapsed=_clock.now() - started,
-        )
+    def _timeout(self, request: Request, headers: Any, limits_: Limits) -> web.Response:
+        body = request.timeout_body(headers, limits_, self._header)
         return web.Response(
             status=504,
             body=body,
@@ -327,34 +321,28 @@ class _Poller:
             self._handle = self._loop.call_later(self._every, self._check)
 
 
-class _Watch:
-    """Runs one handler under the deadline and cancels it when the connection is lost (a
-    WebSocket's request is reported at its upgrade)."""
+class _Watch(Request):
+    """One request's deadline (`Request`): runs the handler under it and cancels it when
+    the connection is lost (a WebSocket's request is reported at its upgrade)."""
 
-    __slots__ = (
-        "_cancels", "_host", "_outer", "_poller", "_scope", "apps_own", "caller_left",
-        "report", "request", "upgraded",
-    )  # fmt: skip
-
-    def __init__(self, request: web.Request, poller: _Poller, report: _inbound.Report) -> None:
+    def __init__(
+        self, route: str, budget: float, started: float, request: web.Request, poller: _Poller
+    ) -> None:
+        super().__init__(route, budget, started)
         self.request = request
-        self.report = report
         self._poller = poller
         self._host: asyncio.Task[Any] | None = None
-        self._scope: deadline_scope | None = None
         self._outer: Frame | None = None
         self._cancels = 0
-        self.caller_left: CallerLeft | None = None
         self.apps_own = False  # the handler raised a DeadlineExceeded of its own
         self.upgraded = False  # a WebSocketResponse was prepared: no deadline from then
 
-    async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
+    async def run(self, handler: Handler) -> web.StreamResponse:
         self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
         self._poller.add(self)
-        request_scope = self._scope = deadline_scope(budget)
         self._outer = frame_var.get()  # an outer scope's frame binds if nearer
         try:
-            async with request_scope:
+            async with self:
                 try:
                     response = await handler(self.request)
                     if _made_later(response):
@@ -365,7 +353,7 @@ class _Watch:
         except asyncio.CancelledError:
             if not self._cancels:
                 if self.gone():  # aiohttp's handler_cancellation=True
-                    self.caller_left = self._left()
+                    self.left()
                 raise  # not ours: aiohttp's own, or server shutdown
             self._uncancel()
             if self._host is not None and self._host.cancelling():
@@ -380,7 +368,7 @@ class _Watch:
                 # The caller went away: aiohttp fails the body read (or a write) with a
                 # connection error before the poller comes round. Nobody is left to tell.
                 _log.debug("error after the caller left", exc_info=exc)
-                self.caller_left = self._left()
+                self.left()
                 return web.Response(status=499)
             raise
         finally:
@@ -416,8 +404,7 @@ class _Watch:
         host = self._host
         if host is None or host.done():
             return
-        self.caller_left = self._left()
-        host.cancel(msg=self.caller_left)
+        host.cancel(msg=self.left())
         self._cancels += 1
 
     def await_upgrade(self) -> None:
@@ -439,17 +426,16 @@ class _Watch:
         vars(self.request)["_prepare_hook"] = hook  # aiohttp's debug mode warns on setattr
 
     def _lift(self) -> None:
-        request_scope = self._scope
-        if request_scope is None or self.upgraded:
+        if self.frame is None or self.upgraded:
             return
-        timeout = request_scope._timeout
+        timeout = self.timeout
         if timeout is not None:
             if timeout.expired():
                 return  # the deadline came first: it cuts the handshake
             timeout.reschedule(None)
         self.upgraded = True
         self._poller.discard(self)
-        frame = request_scope._frame
+        frame = self.frame
         if frame is not None and frame is not self._outer:  # ours, not an outer scope's
             # Lifted in every context that holds it (a child task's copy, if the
             # handler prepares the socket in one); and gone from this one.
@@ -457,13 +443,7 @@ class _Watch:
             frame._deadline = None
             if frame_var.get() is frame:
                 frame_var.set(None)
-        self.report.finish("ok")  # the request was the handshake, answered 101
-
-    def _left(self) -> CallerLeft:
-        elapsed = _clock.now() - self.report.started
-        return CallerLeft(
-            f"the caller left after {elapsed * 1000:.0f} ms, before the response was complete"
-        )
+        self.finish("ok")  # the request was the handshake, answered 101
 
     def _uncancel(self) -> None:
         while self._cancels and self._host is not None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import logging
 import threading
 from collections import deque
@@ -44,12 +43,12 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from datetime import timedelta
 from typing import Any
 
-from . import _clock, _events, _inbound, _loop, _validate, wire
-from ._errors import CallerLeft, DeadlineExceeded
+from . import _clock, _inbound, _loop, _validate, wire
+from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
-from ._scope import Frame, frame_var, running_trio
-from ._scope import scope as deadline_scope
+from ._request import Request, answer_outcome, deadline_outcome
+from ._scope import running_trio
 
 _get_ident = threading.get_ident
 
@@ -182,8 +181,6 @@ class DeadlineMiddleware:
             budget = (found if found < maximum else maximum) - self._reserve
             if budget < 0.0:
                 budget = 0.0
-        if _events.observers:
-            _events.emit(_events.RequestStarted(label, budget))
         # The running loop's sweeper: the last one's while its loop runs in this thread
         # (`_loop.running`'s test, inline; only loops with a `_thread_id` are
         # remembered), else asked for. None under trio or without a loop.
@@ -192,21 +189,16 @@ class DeadlineMiddleware:
             loop = _loop.running()
             sweeper = None if loop is None else self._sweeper_for(loop)
         if sweeper is not None:
-            exchange = _Exchange(self, receive, send, started)
+            exchange = _Exchange(self, receive, send, label, budget, started)
         else:
-            exchange = self._exchange_outside_asyncio(scope, receive, send, started)
+            exchange = self._exchange_outside_asyncio(scope, receive, send, label, budget, started)
         if budget <= 0.0:
             try:
-                await exchange._answer_timeout(scope, limits_, budget)
+                await exchange._answer_timeout(scope, limits_)
             finally:
-                exchange._finish(label, "budget_exhausted", budget)
+                exchange.finish("budget_exhausted")
             return
-        frame = frame_var.get()
-        at = started + budget
-        if frame is None or at < frame.at:  # else an outer deadline binds
-            frame = Frame(at, budget, started)
-        exchange._frame = frame
-        token = frame_var.set(frame)
+        frame = exchange.enter()
         outcome: RequestOutcome = "ok"
         try:
             if sweeper is not None:
@@ -218,7 +210,7 @@ class DeadlineMiddleware:
                 if expect:  # "100 Continue" goes out on the app's first read
                     exchange._may_read_ahead = False
                 if host is None or frame.at <= started + self._arm_within:
-                    exchange._arm(loop, host)  # without a task: fails as a scope
+                    exchange.arm(loop, host)  # without a task: fails as a scope
                 sweeper._pending[exchange] = started
                 if sweeper._handle is None:
                     sweeper._wake()
@@ -227,14 +219,14 @@ class DeadlineMiddleware:
             await self.app(scope, exchange.receive, exchange.send)
         except BaseException as exc:
             outcome = "error"  # should settling it fail too
-            outcome, error = await exchange._failed(exc, token, scope, limits_, budget)
+            outcome, error = await exchange._failed(exc, scope, limits_)
             if error is exc:
                 raise
             if error is not None:
                 raise error from None  # the deadline passed after the response started
         else:
             exchange._active = False  # before any await: see `_failed`
-            exchange._leave(None, None, token)
+            exchange.leave(None, None)
             if exchange.caller_left is not None:
                 outcome = "caller_left"
                 await exchange._answer_gone()
@@ -245,19 +237,18 @@ class DeadlineMiddleware:
                 exchange._sweeper._pending.pop(exchange, None)
             if exchange._pump is not None or exchange._cancels:
                 exchange._stop_watching()
-            if _events.observers:
-                if exchange.caller_left is not None:
-                    outcome = "caller_left"
-                exchange._finish(label, outcome, budget)
+            if exchange.caller_left is not None:
+                outcome = "caller_left"
+            exchange.finish(outcome)
 
     def _exchange_outside_asyncio(
-        self, scope: Scope, receive: Receive, send: Send, started: float
+        self, scope: Scope, receive: Receive, send: Send, route: str, budget: float, started: float
     ) -> _Exchange:
         """Under trio, the trio exchange; with no loop at all, one that fails as a scope would."""
         trio = running_trio()
         if trio is None:
-            return _Exchange(self, receive, send, started)
-        exchange = _TrioExchange(self, receive, send, started, trio)
+            return _Exchange(self, receive, send, route, budget, started)
+        exchange = _TrioExchange(self, receive, send, route, budget, started, trio)
         exchange._shield = scope.get("http_version") in _HTTP1  # see `_TrioExchange.send`
         return exchange
 
@@ -386,7 +377,7 @@ class DeadlineMiddleware:
         return best, expect
 
 
-class _Exchange(deadline_scope):
+class _Exchange(Request):
     """One request: its deadline scope, the wrapped receive and send, the watcher, the outcome.
 
     The exchange is the request's `deadlines.scope`, one object less per request:
@@ -399,7 +390,6 @@ class _Exchange(deadline_scope):
     # class-level defaults, so a request stores only what it sets (no __slots__ here).
     _last: Message | None = None  # the last message the app sent (see `started`)
     _start: Message | None = None  # the app's response start (its status, its trailers)
-    caller_left: CallerLeft | None = None
     # The watcher's state.
     buffer: deque[Message] | None = None
     _bytes = 0
@@ -417,13 +407,19 @@ class _Exchange(deadline_scope):
     _active = True
     _may_read_ahead = True
 
-    def __init__(self, mw: DeadlineMiddleware, receive: Receive, send: Send, started_at: float):
+    def __init__(
+        self,
+        mw: DeadlineMiddleware,
+        receive: Receive,
+        send: Send,
+        route: str,
+        budget: float,
+        started: float,
+    ) -> None:
+        super().__init__(route, budget, started)
         self._mw = mw
         self._receive = receive
         self._send = send
-        self._started_at = started_at
-        self._timeout = None  # the scope's slots that `_arm` and `_leave` read
-        self._canceller = None
 
     @property
     def started(self) -> bool:
@@ -450,10 +446,8 @@ class _Exchange(deadline_scope):
     async def _failed(
         self,
         exc: BaseException,
-        token: contextvars.Token[Frame | None],
         scope: Scope,
         limits_: Limits,
-        budget: float,
     ) -> tuple[RequestOutcome, BaseException | None]:
         """The app raised `exc`: leave the deadline, answer if we can, settle the outcome.
 
@@ -467,7 +461,7 @@ class _Exchange(deadline_scope):
         self._active = False
         ours = False
         try:
-            self._leave(type(exc), exc, token)
+            self.leave(type(exc), exc)
         except DeadlineExceeded as fired:  # our own timer ended the app
             exc, ours = fired, True
         if isinstance(exc, asyncio.CancelledError):
@@ -479,10 +473,10 @@ class _Exchange(deadline_scope):
                 return "error", exc  # somebody else cancelled us too (server shutdown)
         elif isinstance(exc, DeadlineExceeded):
             if self.caller_left is None and not self.complete:
-                outcome = _inbound.deadline_outcome(exc)
+                outcome = deadline_outcome(exc)
                 if self.started:
                     return outcome, exc
-                await self._answer_timeout(scope, limits_, budget)
+                await self._answer_timeout(scope, limits_)
                 return outcome, None
             if self.caller_left is None:
                 # After a complete response our timer cut only cleanup; a deadline error
@@ -498,14 +492,10 @@ class _Exchange(deadline_scope):
         await self._answer_gone()
         return "caller_left", None
 
-    async def _answer_timeout(self, scope: Scope, limits_: Limits, budget: float) -> None:
+    async def _answer_timeout(self, scope: Scope, limits_: Limits) -> None:
         mw = self._mw
         asked = _inbound.renamed(scope.get("headers") or (), mw._header_bytes)
-        body = _inbound.timeout_body(
-            limit=_inbound.binding_limit(asked, limits_, mw._header),
-            budget=budget,
-            elapsed=_clock.now() - self._started_at,
-        )
+        body = self.timeout_body(asked, limits_, mw._header)
         headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
         await self._answer(504, headers, body)
 
@@ -524,13 +514,12 @@ class _Exchange(deadline_scope):
         except OSError:  # ASGI 2.4: send on a closed connection raises an OSError
             pass
 
-    def _finish(self, route: str, outcome: RequestOutcome, budget: float) -> None:
-        if _events.observers:
-            start = self._start
-            if outcome == "ok" and start is not None:  # a server error it answered with
-                outcome = _inbound.answer_outcome(start.get("status", 200))
-            duration = _clock.now() - self._started_at
-            _events.emit(_events.RequestFinished(route, outcome, duration, budget))
+    def finish(self, outcome: RequestOutcome) -> None:
+        """Report the end; a server error the app answered with is an error."""
+        start = self._start
+        if outcome == "ok" and start is not None:
+            outcome = answer_outcome(start.get("status", 200))
+        super().finish(outcome)
 
     # Watching for the caller leaving.
 
@@ -540,7 +529,7 @@ class _Exchange(deadline_scope):
         (Under asyncio `__call__` registers with the sweeper inline; `_TrioExchange`
         registers with trio's.)
         """
-        self._arm(None, None)
+        self.arm(None, None)
 
     def _stop_watching(self) -> None:
         """The request ended while watched: stop the watcher, take back our cancellations."""
@@ -553,8 +542,8 @@ class _Exchange(deadline_scope):
         """Due at `watch_after`: arm the deadline if it waited, and start the watcher."""
         if not self._active:  # the app is done; the request is answering on its way out
             return
-        if self._timeout is None:  # not armed on arrival: the deadline was far
-            self._arm(self._loop, self._host)
+        if self.timeout is None:  # not armed on arrival: the deadline was far
+            self.arm(self._loop, self._host)
         self._start_pump()
 
     def _start_pump(self) -> None:
@@ -626,11 +615,7 @@ class _Exchange(deadline_scope):
         if message["type"] == "http.disconnect":
             self._eof = True
             if not self.complete and self.caller_left is None and self._active:
-                elapsed = _clock.now() - self._started_at
-                self.caller_left = CallerLeft(
-                    f"the caller left after {elapsed * 1000:.0f} ms, before the response"
-                    " was complete"
-                )
+                self.left()
                 if self._loop is not None:
                     # Cancel from the loop, never from inside the request's own task.
                     self._loop.call_soon(self._cancel_host)
@@ -740,9 +725,16 @@ class _TrioExchange(_Exchange):
     __slots__ = ("_arrived", "_gone", "_shield", "_space", "_trio")
 
     def __init__(
-        self, mw: DeadlineMiddleware, receive: Receive, send: Send, started_at: float, trio: Any
+        self,
+        mw: DeadlineMiddleware,
+        receive: Receive,
+        send: Send,
+        route: str,
+        budget: float,
+        started: float,
+        trio: Any,
     ) -> None:
-        super().__init__(mw, receive, send, started_at)
+        super().__init__(mw, receive, send, route, budget, started)
         self._trio = trio
         self._gone: Any = None  # the CancelScope around the app (the deadline's)
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
@@ -760,9 +752,9 @@ class _TrioExchange(_Exchange):
         self._may_read_ahead = not expect_continue
         self._sweeper = self._mw._trio_sweeper_for(self._trio)
         self._sweeper.add(self)
-        self._arm(None, None)
-        assert self._canceller is not None
-        self._gone = self._canceller._trio
+        self.arm(None, None)
+        assert self.canceller is not None
+        self._gone = self.canceller.cancel_scope
 
     def _stop_watching(self) -> None:
         if self._pump is not None:
