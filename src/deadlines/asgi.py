@@ -48,6 +48,7 @@ from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._inbound import Limits, limits
 from ._request import Request, answer_outcome, deadline_outcome
+from ._request import budget as request_budget
 from ._scope import running_trio
 
 _get_ident = threading.get_ident
@@ -67,12 +68,11 @@ _PLAIN_CACHE_SIZE = 1024
 _OUR_HEADER = wire.HEADER.encode()
 _MAX_MS_DIGITS = 12  # as `wire.parse_ms`: longer is garbage, not a budget
 _NO_WAITERS: list[Any] = []  # shared empty list: never appended to
-_SEVERAL = (b"", b"")  # `__call__`'s scan saw more than one deadline header
 # Messages an app may send before its response starts (103 Early Hints; TestClient's).
 _BEFORE_START = frozenset({"http.response.early_hint", "http.response.debug"})
 _HTTP1 = frozenset({"1.0", "1.1"})
-# A route's label, its limits, the budget without a header (less the reserve), the maximum.
-_Route = tuple[str, Limits, float, float]
+# A route's label and its limits.
+_Route = tuple[str, Limits]
 
 
 class DeadlineMiddleware:
@@ -141,33 +141,17 @@ class DeadlineMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run one ASGI connection scope; only ``http`` is handled, the rest pass through.
 
-        The straight line below is what nearly every request runs: its deadline header
-        read, its route's limits taken from the cache, the deadline set, the request
-        registered with the sweeper, the app awaited. What is rarer (several deadline
-        headers, a new route, an expired budget, trio, an error) is out of line. The app
+        The straight line below is what nearly every request runs: its deadline headers
+        read in one pass, its route's limits taken from the cache, the deadline set, the
+        request registered with the sweeper, the app awaited. What is rarer (a new route,
+        an expired budget, trio, an error) is out of line. The app
         is called here, not in a helper coroutine: one coroutine of ours per request.
         """
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = _clock.now()
-        # The deadline headers, one set lookup each. One plain value of our header, seen
-        # before, is read here (every `deadlines` hop sends one); the rest by `_scan`.
-        known = self._known
-        first: tuple[bytes, bytes] | None = None
-        for pair in scope.get("headers") or ():
-            if pair[0] in known:
-                if first is not None:
-                    first = _SEVERAL
-                    break
-                first = pair
-        found: float | None = None
-        expect = False
-        if first is not None:
-            if first[0] == self._header_bytes:
-                found = self._plain.get(first[1])
-            if found is None:
-                found, expect = self._scan(scope)
+        found, expect = self._scan(scope)
         if self._routed is None and scope.get("app") is not self._routes_app:
             self._routes_app = scope.get("app")  # another app: its own routes
             self._routes = {}
@@ -176,11 +160,8 @@ class DeadlineMiddleware:
             route = self._routes[scope["method"], scope["path"]]
         except KeyError:
             route = self._route(scope)
-        label, limits_, budget, maximum = route
-        if found is not None:
-            budget = (found if found < maximum else maximum) - self._reserve
-            if budget < 0.0:
-                budget = 0.0
+        label, limits_ = route
+        budget = request_budget(found, limits_, self._reserve)
         # The running loop's sweeper: the last one's while its loop runs in this thread
         # (`_loop.running`'s test, inline; only loops with a `_thread_id` are
         # remembered), else asked for. None under trio or without a loop.
@@ -298,9 +279,7 @@ class DeadlineMiddleware:
     def _resolve(self, app: Any, scope: Scope, method: str, path: str) -> _Route:
         pattern, table_limits = self._table.match(method, _route_path(scope, path))
         template, marked = _match_framework_route(app, scope)
-        found = marked or table_limits
-        default = found.default - self._reserve
-        return template or pattern or _inbound.UNMATCHED, found, max(default, 0.0), found.maximum
+        return template or pattern or _inbound.UNMATCHED, marked or table_limits
 
     def _scan(self, scope: Scope) -> tuple[float | None, bool]:
         """The smallest valid deadline among the request's headers, and Expect: 100-continue.
