@@ -39,6 +39,7 @@ from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
 from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, limits_of
+from ._private.aiohttp_web import ended, headers_held, on_prepare
 from ._request import Request, answer_outcome, budget, deadline_outcome
 from ._scope import Frame, frame_var
 
@@ -221,7 +222,7 @@ def _response_started(request: web.Request) -> bool:
     504 can no longer take its place: the writer is set for that response (its length,
     its chunking)."""
     writer = request.writer
-    return writer.output_size > 0 or getattr(writer, "_headers_buf", None) is not None
+    return writer.output_size > 0 or headers_held(writer)
 
 
 def _keeps(request: web.Request) -> bool:
@@ -246,12 +247,8 @@ def _made_later(response: object) -> bool:
 
 
 def _delivered(request: web.Request) -> bool:
-    """Whether the whole response went out (`StreamResponse.write_eof` ran).
-
-    aiohttp has no public way to ask; its writer's ``_eof`` flag says it. Without the
-    flag (another aiohttp) the answer is no, and aiohttp closes the connection.
-    """
-    return getattr(request.writer, "_eof", False) is True
+    """Whether the whole response went out (`StreamResponse.write_eof` ran)."""
+    return ended(request.writer)
 
 
 class _Delivered(web.StreamResponse):
@@ -416,14 +413,11 @@ class _Watch(Request):
         but the app is frozen before its first request. Only requests that ask to
         upgrade get the hook.
         """
-        original = self.request._prepare_hook
+        on_prepare(self.request, self._prepared)
 
-        async def hook(response: web.StreamResponse) -> None:
-            await original(response)
-            if isinstance(response, web.WebSocketResponse):
-                self._lift()
-
-        vars(self.request)["_prepare_hook"] = hook  # aiohttp's debug mode warns on setattr
+    def _prepared(self, response: web.StreamResponse) -> None:
+        if isinstance(response, web.WebSocketResponse):
+            self._lift()
 
     def _lift(self) -> None:
         if self.frame is None or self.upgraded:

@@ -74,6 +74,7 @@ from ._errors import DeadlineExceeded, TotalTimeout
 from ._events import RequestOutcome
 from ._extras import missing
 from ._inbound import UNMATCHED, Limits, RouteTable
+from ._private.grpc import done_writing
 from ._request import Request, budget, deadline_outcome
 
 try:
@@ -481,7 +482,7 @@ class _StreamUnaryAnswer(_Answer, grpc.aio.StreamUnaryCall):  # type: ignore[mis
     @property
     def _done_writing_flag(self) -> bool:
         # grpc.aio's own write() proxy reads it from the call the interceptors return.
-        return bool(getattr(self._call, "_done_writing_flag", False))
+        return done_writing(self._call)
 
 
 class _Interceptor:
