@@ -22,14 +22,15 @@ A body made by an async iterator (``web.Response(body=agen())``), which aiohttp 
 make after the middleware returned, is sent by the middleware itself, inside the
 deadline and the connection watch, as if the handler had written it. A request that
 upgrades to a WebSocket keeps its deadline until the `WebSocketResponse` is prepared;
-the session then runs without one.
+the handler then leaves it and the session runs without one (tasks the handler started
+before keep it: a deadline only ever shrinks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
@@ -333,6 +334,10 @@ class _Watch(Request):
         self._cancels = 0
         self.apps_own = False  # the handler raised a DeadlineExceeded of its own
         self.upgraded = False  # a WebSocketResponse was prepared: no deadline from then
+        self.upgrading = False  # the request asks to upgrade (`await_upgrade`)
+        # The context the handler of a request that asks to upgrade runs in.
+        self._session: contextvars.Context | None = None
+        self._session_task: asyncio.Task[web.StreamResponse] | None = None
 
     async def run(self, handler: Handler) -> web.StreamResponse:
         self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
@@ -341,7 +346,10 @@ class _Watch(Request):
         try:
             async with self:
                 try:
-                    response = await handler(self.request)
+                    if not self.upgrading:
+                        response = await handler(self.request)
+                    else:
+                        response = await self._in_session_context(handler)
                     if _made_later(response):
                         await self._send_made_later(response)
                 except DeadlineExceeded:  # ours reaches the handler as a cancellation
@@ -405,15 +413,29 @@ class _Watch(Request):
         self._cancels += 1
 
     def await_upgrade(self) -> None:
-        """Lift the deadline once the handler prepares a `WebSocketResponse`: a session
+        """Leave the deadline once the handler prepares a `WebSocketResponse`: a session
         outlives any request budget, but a request that merely asks to upgrade keeps it.
 
-        aiohttp calls the request's `_prepare_hook` from inside the handler while it
-        prepares a response; an `on_response_prepare` signal would be the public way,
-        but the app is frozen before its first request. Only requests that ask to
-        upgrade get the hook.
+        aiohttp tells of a prepared response from inside the handler (the request's
+        prepare hook: an ``on_response_prepare`` signal cannot be added once the app is
+        frozen). Only requests that ask to upgrade get the hook, and their handler runs
+        in a context of its own (`_in_session_context`).
         """
+        self.upgrading = True
         on_prepare(self.request, self._prepared)
+
+    def _in_session_context(self, handler: Handler) -> asyncio.Task[web.StreamResponse]:
+        """The handler as a task in the session's context, awaited by the request's own
+        task (so the deadline and the caller leaving still cancel it): the deadline can
+        then be left in that context whichever task prepares the socket."""
+
+        async def handle() -> web.StreamResponse:
+            return await handler(self.request)
+
+        self._session = contextvars.copy_context()
+        task = asyncio.get_running_loop().create_task(handle(), context=self._session)
+        self._session_task = task
+        return task
 
     def _prepared(self, response: web.StreamResponse) -> None:
         if isinstance(response, web.WebSocketResponse):
@@ -429,14 +451,13 @@ class _Watch(Request):
             timeout.reschedule(None)
         self.upgraded = True
         self._poller.discard(self)
-        frame = self.frame
-        if frame is not None and frame is not self._outer:  # ours, not an outer scope's
-            # Lifted in every context that holds it (a child task's copy, if the
-            # handler prepares the socket in one); and gone from this one.
-            frame.at = math.inf
-            frame._deadline = None
-            if frame_var.get() is frame:
-                frame_var.set(None)
+        # Leave the request's deadline in the handler's context (tasks it started
+        # before keep theirs: a deadline only ever shrinks). Prepared in a task of the
+        # handler's own, that context is not running, and is entered here.
+        if asyncio.current_task() is self._session_task:
+            frame_var.set(self._outer)
+        elif self._session is not None:
+            self._session.run(frame_var.set, self._outer)
         self.finish("ok")  # the request was the handshake, answered 101
 
     def _uncancel(self) -> None:

@@ -16,7 +16,7 @@ from .._request import budget as request_budget
 from .._scope import running_trio
 from ._exchange import ASGIApp, Exchange, Receive, Scope, Send, Sweeper
 from ._routes import host_of, match_framework_route, route_path, routes_by_host, routes_of
-from ._trio import HTTP1, TrioExchange, TrioSweeper
+from ._trio import TrioExchange, TrioSweeper
 
 _get_ident = threading.get_ident
 _ROUTE_CACHE_SIZE = 1024
@@ -181,9 +181,8 @@ class DeadlineMiddleware:
         trio = running_trio()
         if trio is None:
             return Exchange(self, receive, send, route, budget, started)
-        exchange = TrioExchange(self, receive, send, route, budget, started, trio)
-        exchange._shield = scope.get("http_version") in HTTP1  # see `TrioExchange.send`
-        return exchange
+        version = scope.get("http_version")
+        return TrioExchange(self, receive, send, route, budget, started, trio, version)
 
     def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> Sweeper:
         sweeper = self._sweepers.get(loop)

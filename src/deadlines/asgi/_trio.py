@@ -10,7 +10,7 @@ from ._exchange import BEFORE_START, Exchange, Message, Receive, Send, log
 if TYPE_CHECKING:
     from ._middleware import DeadlineMiddleware
 
-HTTP1 = frozenset({"1.0", "1.1"})  # versions whose sends `TrioExchange` shields
+_HTTP1 = frozenset({"1.0", "1.1"})  # versions whose sends `TrioExchange` shields
 
 
 class TrioExchange(Exchange):
@@ -32,13 +32,15 @@ class TrioExchange(Exchange):
         budget: float,
         started: float,
         trio: Any,
+        http_version: str | None,
     ) -> None:
         super().__init__(mw, receive, send, route, budget, started)
         self._trio = trio
         self._gone: Any = None  # the CancelScope around the app (the deadline's)
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
-        self._shield = False  # shield the server's send (`send`): HTTP/1, until the headers
+        # Shield the server's send (`send`): over HTTP/1, until the headers are through.
+        self._shield = http_version in _HTTP1
 
     def register(self, expect_continue: bool) -> None:
         """Register with the trio sweeper, then arm the deadline at once (a trio CancelScope).
