@@ -95,13 +95,16 @@ class Request:
         cancellation ended the work."""
         token, self._token = self._token, None
         timeout, canceller = self.timeout, self.canceller
+        if timeout is None and canceller is None:  # never armed: most ASGI requests
+            if token is not None:
+                frame_var.reset(token)
+            return
         try:
             if timeout is not None:
                 fired = timeout.leave(exc_type)
-            elif canceller is not None:
+            else:
+                assert canceller is not None
                 fired = canceller.stop(exc_type, exc)
-            else:  # never armed
-                fired = False
         finally:
             if token is not None:
                 frame_var.reset(token)

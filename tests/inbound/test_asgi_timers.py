@@ -30,7 +30,7 @@ from .conftest import serve_uvicorn
 
 
 def _armed() -> int:
-    """Deadline timers armed on the running loop (not the requests' watches)."""
+    """Deadline timers armed on the running loop (not the sweeper's)."""
     heap = _alarms.clock_for(asyncio.get_running_loop())._heap
     return sum(isinstance(entry[2], _alarms.Timeout) for entry in heap)
 
@@ -134,6 +134,7 @@ def test_a_loop_without_a_thread_id_is_asked_for_each_request() -> None:
         took = time.monotonic() - begin
     finally:
         loop.close()
+    assert middleware._sweeper is None
     assert len(seen) == 3 and None not in seen
     assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [504]
     assert 0.09 <= took < 0.6

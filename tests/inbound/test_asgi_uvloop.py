@@ -30,7 +30,6 @@ from starlette.routing import Route
 import deadlines
 import deadlines.aiohttp
 import deadlines.httpx
-from deadlines import _alarms
 from deadlines.asgi import DeadlineMiddleware
 from deadlines.lab.servers import SilentServer
 
@@ -197,8 +196,8 @@ def test_expired_on_arrival_never_runs_handler(
 def test_one_instance_serves_many_requests(server: Served, events: Events) -> None:
     """200 sequential requests on one keep-alive connection, then 50 at once, through one
     middleware instance: every budget is the request's own, every overrun a 504 on time.
-    With uvloop the loop is looked up for each request, and no request stays on its
-    clock."""
+    With uvloop the loop is looked up for each request (nothing remembered), it has one
+    sweeper, and no request stays registered with it."""
     url = server.url
     expected: list[str] = []
     with httpx.Client(timeout=10) as client:
@@ -251,9 +250,11 @@ def test_one_instance_serves_many_requests(server: Served, events: Events) -> No
     finished = events.wait_finished(250, timeout=10)
     assert sorted(e.outcome for e in finished) == sorted(expected)
     assert expected.count("budget_exhausted") == 8 and expected.count("deadline") == 8 + 25
-    # No request's watch or deadline is left on the uvloop loops' clocks.
-    lives = [c.live for loop, c in _alarms._clocks.items() if isinstance(loop, uvloop.Loop)]
-    assert lives and set(lives) == {0}
+    middleware = middleware_of(server.app)
+    assert middleware._sweeper is None  # only loops with a `_thread_id` are remembered
+    [(loop, sweeper)] = middleware._sweepers.items()
+    assert isinstance(loop, uvloop.Loop)
+    assert sweeper.pending == {}
 
 
 def outbound_app(record: Record) -> Starlette:

@@ -23,9 +23,8 @@ a `CallerLeft` reason. Requests that finish sooner never pay for a watcher.
 The deadline's timer is armed on the same round: the deadline is set on arrival (the
 handler sees it, outbound calls and statements are bounded by it), but the timer that
 cancels the handler at the instant is armed when the request is still running after
-`watch_after`, or at once when the deadline is nearer than that. Both wait on the
-loop's one clock (`deadlines._alarms`), where each request leaves one entry that most
-take back, ending sooner, before it is due.
+`watch_after`, or at once when the deadline is nearer than that. Most requests end
+sooner and never touch a timer.
 
 Under trio (hypercorn's trio worker) the same happens with trio's means: the watcher
 cancels the cancel scope the app runs in (the deadline's own), and it is a trio system

@@ -1,5 +1,5 @@
-"""`Exchange`: one HTTP request through the ASGI middleware: the app's receive and send,
-the caller-left watcher, the answers of our own (504, and 499 for a caller gone)."""
+"""`Exchange`: one HTTP request through the ASGI middleware, and `Sweeper`, which starts
+the watcher of the requests still running after `watch_after` (one per asyncio loop)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
-from .. import _inbound
-from .._alarms import LoopClock
+from .. import _clock, _inbound
+from .._alarms import clock_for
 from .._errors import DeadlineExceeded
 from .._events import RequestOutcome
 from .._inbound import Limits
@@ -19,6 +19,7 @@ from .._request import Request, answer_outcome, deadline_outcome
 
 if TYPE_CHECKING:
     from ._middleware import DeadlineMiddleware
+    from ._trio import TrioSweeper
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -34,10 +35,12 @@ BEFORE_START = frozenset({"http.response.early_hint", "http.response.debug"})
 
 
 class Exchange(Request):
-    """One request: its deadline (`Request`), the wrapped receive and send, the watcher.
+    """One request: its deadline scope, the wrapped receive and send, the watcher, the outcome.
 
-    `__call__` enters its deadline; it is armed at once, or by the loop's clock when the
-    request is still running after `watch_after` (`fire`), and left with `leave`.
+    The exchange is the request's `deadlines.scope`, one object less per request:
+    `__call__` sets its frame and keeps the token; it is armed at once, or by the
+    sweeper when the request is still running after `watch_after` (`_watch`), and left
+    with `_leave`.
     """
 
     # Most requests end before the watcher starts and never change most of this state:
@@ -56,8 +59,7 @@ class Exchange(Request):
     _eof = False
     host: asyncio.Task[Any] | None = None
     loop: asyncio.AbstractEventLoop | None = None
-    _clock: LoopClock | None = None  # the loop's clock, holding `_watch_entry`
-    _watch_entry: list[Any] | None = None  # on the clock until `watch_after` (`fire`)
+    trio_sweeper: TrioSweeper | None = None  # under trio: registered with, until the end
     cancels = 0
     active = True
     may_read_ahead = True
@@ -110,7 +112,7 @@ class Exchange(Request):
         ours to handle, the `DeadlineExceeded` when the deadline passed after the
         response had started (the server then drops the connection), else None.
         """
-        # The app is done: from here on neither the watch (`watch`) nor a caller-left
+        # The app is done: from here on neither the sweeper (`_watch`) nor a caller-left
         # cancellation already queued (`_cancel_host`) may touch the task, which goes on
         # to answer and then to whatever called us.
         self.active = False
@@ -181,29 +183,10 @@ class Exchange(Request):
     def register(self, expect_continue: bool) -> None:
         """Without a running asyncio loop or trio: fail as a `deadlines.scope` would.
 
-        (Under asyncio `__call__` puts the watch on the loop's clock; `TrioExchange`
+        (Under asyncio `__call__` registers with the sweeper inline; `TrioExchange`
         registers with trio's.)
         """
         self.arm(None, None)
-
-    def watch_at(self, clock: LoopClock, when: float) -> None:
-        """Have the loop's `clock` call `fire` at `when` (loop time) unless the request
-        ended by then (`unwatch`)."""
-        self._clock = clock
-        self._watch_entry = clock.arm(when, self)
-
-    def fire(self) -> None:
-        """Due at `watch_after` (`LoopClock`'s `Alarm`): arm the deadline, start the watcher."""
-        self._watch_entry = None
-        self.watch()
-
-    def unwatch(self) -> None:
-        """The request ended: take its watch back from the loop's clock."""
-        entry = self._watch_entry
-        if entry is not None:
-            assert self._clock is not None
-            self._clock.disarm(entry)
-            self._watch_entry = None
 
     def stop_watching(self) -> None:
         """The request ended while watched: stop the watcher, take back our cancellations."""
@@ -346,3 +329,45 @@ class Exchange(Request):
         if message["type"] == "http.response.start":
             self._start = message
         return self._send(message)
+
+
+class Sweeper:
+    """Starts the watcher of each request that has run for `after` seconds; one per loop.
+
+    An `Alarm` on the loop's clock (`_alarms`), due for the oldest request in flight: a
+    request that ends sooner costs a dict insert and delete (made inline by the
+    middleware), not a timer. Arrival times are `_clock` readings, the clock a request's
+    deadline is on.
+    """
+
+    __slots__ = ("_after", "_clock", "entry", "loop", "pending")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, after: float) -> None:
+        self.loop = loop
+        self._after = after
+        self._clock = clock_for(loop)
+        self.pending: dict[Exchange, float] = {}  # insertion order = arrival order
+        self.entry: list[Any] | None = None  # on the loop's clock while requests wait
+
+    def close(self) -> None:
+        """Its loop is closed (and with it the loop's clock): let go of its requests."""
+        self.entry = None
+        self.pending.clear()
+
+    def wake(self) -> None:
+        """Come round `after` from now: the first request since the sweeper was idle."""
+        self.entry = self._clock.arm(self.loop.time() + self._after, self)
+
+    def fire(self) -> None:
+        """Start the watchers that are due; come round again for the next one."""
+        self.entry = None
+        pending = self.pending
+        now = _clock.now()
+        while pending:
+            exchange, arrived = next(iter(pending.items()))
+            if arrived > now - self._after:
+                due = self.loop.time() + arrived + self._after - now
+                self.entry = self._clock.arm(due, self)
+                return
+            del pending[exchange]
+            exchange.watch()

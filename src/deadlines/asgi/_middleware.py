@@ -3,19 +3,21 @@ under the request's deadline (the package docs tell the whole story)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
-from .. import _alarms, _clock, _inbound, _loop, _validate, wire
+from .. import _clock, _events, _inbound, _loop, _validate, wire
 from .._events import RequestOutcome
 from .._inbound import Limits
-from .._request import budget as request_budget
 from .._scope import running_trio
-from ._exchange import ASGIApp, Exchange, Receive, Scope, Send
+from ._exchange import ASGIApp, Exchange, Receive, Scope, Send, Sweeper
 from ._routes import host_of, match_framework_route, route_path, routes_by_host, routes_of
 from ._trio import TrioExchange, TrioSweeper
 
+_get_ident = threading.get_ident
 _ROUTE_CACHE_SIZE = 1024
 _PLAIN_CACHE_SIZE = 1024
 _OUR_HEADER = wire.HEADER.encode()
@@ -71,8 +73,8 @@ class DeadlineMiddleware:
         self._plain: dict[bytes, float] = {}  # values of our header parsed (`_remember`)
         self.read_ahead = read_ahead
         self._watch_after = _validate.seconds(watch_after, "watch_after")
-        # A deadline that could pass before the watch comes round is armed on arrival
-        # (2x: room for the loop's own lateness).
+        # A deadline that could pass before the sweeper comes round is armed on arrival
+        # (2x: room for the sweeper's own lateness).
         self._arm_within = 2 * self._watch_after
         # The app's routes, if it has them itself; else each request's ``scope["app"]``.
         self._routed = app if routes_of(app) is not None else None
@@ -81,6 +83,10 @@ class DeadlineMiddleware:
         # Host header): `__call__`'s lookup on the pair then always misses to `_route`.
         self._routes: dict[tuple[str, ...], _Route] = {}
         self._by_host: bool | None = None  # whether `_routes_app` routes by host; None: unknown
+        # A sweeper holds its loop (every request reads it), so weak keys would never let
+        # go: closed loops are forgotten instead, when the next new loop arrives.
+        self._sweepers: dict[asyncio.AbstractEventLoop, Sweeper] = {}
+        self._sweeper: Sweeper | None = None  # the last one asked for (loops with `_thread_id`)
         self._trio_sweepers: Any = None  # a trio RunVar, made by the first request under trio
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -88,7 +94,7 @@ class DeadlineMiddleware:
 
         The straight line below is what nearly every request runs: its deadline headers
         read in one pass, its route's limits taken from the cache, the deadline set, the
-        request's watch put on the loop's clock, the app awaited. What is rarer (a new route,
+        request registered with the sweeper, the app awaited. What is rarer (a new route,
         an expired budget, trio, an error) is out of line. The app
         is called here, not in a helper coroutine: one coroutine of ours per request.
         """
@@ -106,9 +112,17 @@ class DeadlineMiddleware:
         except KeyError:
             route = self._route(scope)
         label, limits_ = route
-        budget = request_budget(found, limits_, self._reserve)
-        loop = _loop.running()  # None under trio or without a loop
-        if loop is not None:
+        budget = wire.capped_budget(
+            found, default=limits_.default, maximum=limits_.maximum, reserve=self._reserve
+        )
+        # The running loop's sweeper: the last one's while its loop runs in this thread
+        # (`_loop.running`'s test, inline; only loops with a `_thread_id` are
+        # remembered), else asked for. None under trio or without a loop.
+        sweeper = self._sweeper
+        if sweeper is None or sweeper.loop._thread_id != _get_ident():  # type: ignore[attr-defined]
+            loop = _loop.running()
+            sweeper = None if loop is None else self._sweeper_for(loop)
+        if sweeper is not None:
             exchange = Exchange(self, receive, send, label, budget, started)
         else:
             exchange = self._exchange_outside_asyncio(scope, receive, send, label, budget, started)
@@ -121,17 +135,19 @@ class DeadlineMiddleware:
         frame = exchange.enter()
         outcome: RequestOutcome = "ok"
         try:
-            if loop is not None:
-                # The loop's clock arms the deadline and starts the watcher when the
-                # request is still running after `watch_after`; most end sooner and never
-                # arm a timer. A deadline that could pass before then is armed now.
-                exchange.loop = loop
+            if sweeper is not None:
+                # The sweeper arms the deadline and starts the watcher when the request
+                # is still running after `watch_after`; most end sooner and never touch
+                # a timer. A deadline that could pass before it comes round is armed now.
+                exchange.loop = loop = sweeper.loop
                 exchange.host = host = _loop.current_task(loop)
                 if expect:  # "100 Continue" goes out on the app's first read
                     exchange.may_read_ahead = False
                 if host is None or frame.at <= started + self._arm_within:
                     exchange.arm(loop, host)  # without a task: fails as a scope
-                exchange.watch_at(_alarms.clock_for(loop), loop.time() + self._watch_after)
+                sweeper.pending[exchange] = started
+                if sweeper.entry is None:
+                    sweeper.wake()
             else:
                 exchange.register(expect)  # trio (or no loop: fails)
             await self.app(scope, exchange.receive, exchange.send)
@@ -149,12 +165,16 @@ class DeadlineMiddleware:
                 outcome = "caller_left"
                 await exchange.answer_gone()
         finally:
-            exchange.unwatch()
+            if sweeper is not None:
+                sweeper.pending.pop(exchange, None)
+            elif exchange.trio_sweeper is not None:
+                exchange.trio_sweeper.pending.pop(exchange, None)
             if exchange.pump is not None or exchange.cancels:
                 exchange.stop_watching()
-            if exchange.caller_left is not None:
-                outcome = "caller_left"
-            exchange.finish(outcome)
+            if _events.observers:  # else `finish` reports nothing (a few calls saved)
+                if exchange.caller_left is not None:
+                    outcome = "caller_left"
+                exchange.finish(outcome)
 
     def _exchange_outside_asyncio(
         self, scope: Scope, receive: Receive, send: Send, route: str, budget: float, started: float
@@ -165,6 +185,15 @@ class DeadlineMiddleware:
             return Exchange(self, receive, send, route, budget, started)
         version = scope.get("http_version")
         return TrioExchange(self, receive, send, route, budget, started, trio, version)
+
+    def _sweeper_for(self, loop: asyncio.AbstractEventLoop) -> Sweeper:
+        sweeper = self._sweepers.get(loop)
+        if sweeper is None:
+            _loop.forget_closed(self._sweepers, Sweeper.close)
+            sweeper = self._sweepers[loop] = Sweeper(loop, self._watch_after)
+        if hasattr(loop, "_thread_id"):  # asyncio's own loops; uvloop's are asked each time
+            self._sweeper = sweeper
+        return sweeper
 
     def trio_sweeper_for(self, trio: Any) -> TrioSweeper:
         runs = self._trio_sweepers

@@ -21,7 +21,7 @@ class TrioExchange(Exchange):
     wait on trio Events where the asyncio exchange uses futures.
     """
 
-    __slots__ = ("_arrived", "_gone", "_shield", "_space", "_sweeper", "_trio")
+    __slots__ = ("_arrived", "_gone", "_shield", "_space", "_trio")
 
     def __init__(
         self,
@@ -36,7 +36,6 @@ class TrioExchange(Exchange):
     ) -> None:
         super().__init__(mw, receive, send, route, budget, started)
         self._trio = trio
-        self._sweeper: TrioSweeper | None = None  # registered with, until the end
         self._gone: Any = None  # the CancelScope around the app (the deadline's)
         self._arrived: Any = None  # Event: a message reached the buffer (readers wait)
         self._space: Any = None  # Event: the app took body from the buffer (the watcher waits)
@@ -52,15 +51,11 @@ class TrioExchange(Exchange):
         """
         # With "Expect: 100-continue", read ahead only after the app asked.
         self.may_read_ahead = not expect_continue
-        self._sweeper = self._mw.trio_sweeper_for(self._trio)
-        self._sweeper.add(self)
+        self.trio_sweeper = self._mw.trio_sweeper_for(self._trio)
+        self.trio_sweeper.add(self)
         self.arm(None, None)
         assert self.canceller is not None
         self._gone = self.canceller.cancel_scope
-
-    def unwatch(self) -> None:
-        if self._sweeper is not None:
-            self._sweeper.pending.pop(self, None)
 
     def stop_watching(self) -> None:
         if self.pump is not None:
