@@ -36,6 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from . import _clock, _loop, _validate, wire
+from ._alarms import clock_for
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
@@ -280,43 +281,43 @@ class _Delivered(web.StreamResponse):
 class _Poller:
     """Checks the connections of every handler running on one loop, every `every` seconds.
 
-    One timer for all requests in flight instead of one per request: a request costs a
-    dict insert and delete, and the timer runs only while some request is in flight.
+    One timer for all requests in flight instead of one per request, an `Alarm` on the
+    loop's clock (`_alarms`): a request costs a dict insert and delete, and the timer
+    runs only while some request is in flight.
     """
 
-    __slots__ = ("_every", "_handle", "_loop", "_watches")
+    __slots__ = ("_clock", "_entry", "_every", "_loop", "_watches")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, every: float) -> None:
         self._loop = loop
         self._every = every
+        self._clock = clock_for(loop)
         self._watches: dict[_Watch, None] = {}
-        self._handle: asyncio.TimerHandle | None = None
+        self._entry: list[Any] | None = None  # on the loop's clock while requests run
 
     def add(self, watch: _Watch) -> None:
         self._watches[watch] = None
-        if self._handle is None:
-            self._handle = self._loop.call_later(self._every, self._check)
+        if self._entry is None:
+            self._entry = self._clock.arm(self._loop.time() + self._every, self)
 
     def discard(self, watch: _Watch) -> None:
         self._watches.pop(watch, None)
 
     def close(self) -> None:
-        """The loop is closed: let go of its timer and of the requests it was watching."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        """The loop is closed (and with it the loop's clock): let go of its requests."""
+        self._entry = None
         self._watches.clear()
 
-    def _check(self) -> None:
-        """Timer callback: cancel the handlers whose connection is gone, look again later."""
-        self._handle = None
+    def fire(self) -> None:
+        """Cancel the handlers whose connection is gone, look again later."""
+        self._entry = None
         lost = [watch for watch in self._watches if watch.request.transport is None]
         for watch in lost:
             del self._watches[watch]
             if watch.gone():  # a caller gone after its whole answer did not leave
                 watch.cancel_host()
         if self._watches:
-            self._handle = self._loop.call_later(self._every, self._check)
+            self._entry = self._clock.arm(self._loop.time() + self._every, self)
 
 
 class _Watch(Request):
