@@ -190,79 +190,25 @@ class scope:
     def __exit__(self, *exc_info: object) -> None:
         self._exit()
 
-    def _enter_async(
-        self,
-        loop: asyncio.AbstractEventLoop | None,
-        task: asyncio.Task[Any] | None = None,
-    ) -> Deadline | None:
-        """What ``async with`` does on entry, as a plain call: set the deadline, arm it.
-
-        `loop` is the running asyncio loop (`_loop.running()`, None under trio) and
-        `task` the current task if the caller has it: for integrations that hold the
-        request open themselves and look both up once.
-        """
+    async def __aenter__(self) -> Deadline | None:
         deadline = self._enter()
         if deadline is not None:
+            assert self._frame is not None
+            # What remains, not the frame's start: the binding frame may be an outer one
+            # entered long ago (a sync scope arms no timer of its own).
+            left = self._frame.remaining()
             try:
-                self._arm(loop, task)
+                loop = _loop.running()
+                if loop is not None:  # the common case, inline
+                    timeout = _alarms.Timeout(loop.time() + left)
+                    timeout.enter(loop)
+                    self._timeout = timeout
+                else:
+                    self._canceller = Canceller.start(left)
             except BaseException:
                 self._exit()
                 raise
         return deadline
-
-    def _arm(self, loop: asyncio.AbstractEventLoop | None, task: asyncio.Task[Any] | None) -> None:
-        """Arm the cancellation of an entered scope that has a deadline.
-
-        `_enter_async` arms at once. An integration that sets the frame itself may arm
-        later, from a loop callback with the request's `task`, while the deadline is
-        still far: the ASGI middleware arms only requests still running after
-        `watch_after`, so that the many that end sooner never touch a timer.
-        """
-        assert self._frame is not None
-        # What remains, not the frame's start: the binding frame may be an outer one
-        # entered long ago (a sync scope arms no timer of its own).
-        left = self._frame.remaining()
-        if loop is not None:  # the common case, inline
-            timeout = _alarms.Timeout(loop.time() + left)
-            timeout.enter(loop, task)
-            self._timeout = timeout
-        else:
-            self._canceller = Canceller.start(left)
-
-    def _exit_async(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
-        """What ``async with`` does on exit: disarm, restore, and raise `DeadlineExceeded`
-        when this scope's own cancellation ended the block."""
-        token, self._token = self._token, None
-        assert token is not None
-        self._leave(exc_type, exc, token)
-
-    def _leave(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        token: contextvars.Token[Frame | None],
-    ) -> None:
-        """`_exit_async` with the token given: an integration that set the frame itself
-        (the ASGI middleware's exchange) keeps the token, not the scope."""
-        timeout = self._timeout
-        if timeout is None and self._canceller is None:  # never armed: most ASGI requests
-            frame_var.reset(token)
-            return
-        try:
-            if timeout is not None:
-                fired = timeout.leave(exc_type)
-            elif self._canceller is not None:
-                fired = self._canceller.stop(exc_type, exc)
-            else:
-                fired = False
-        finally:
-            frame_var.reset(token)
-        if fired:
-            assert self._frame is not None
-            raise exceeded(self._frame) from None
-
-    async def __aenter__(self) -> Deadline | None:
-        return self._enter_async(_loop.running())
 
     async def __aexit__(
         self,
@@ -270,7 +216,21 @@ class scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        self._exit_async(exc_type, exc)
+        token, self._token = self._token, None
+        assert token is not None
+        timeout, canceller = self._timeout, self._canceller
+        try:
+            if timeout is not None:
+                fired = timeout.leave(exc_type)
+            elif canceller is not None:
+                fired = canceller.stop(exc_type, exc)
+            else:  # no deadline: nothing was armed
+                fired = False
+        finally:
+            frame_var.reset(token)
+        if fired:
+            assert self._frame is not None
+            raise exceeded(self._frame) from None
         return False
 
 
