@@ -278,8 +278,3 @@ def running_trio() -> Any:
     except RuntimeError:
         return None
     return trio
-
-
-# The names `streams.py` and `retry.py` still use (their owners move them to the above).
-_Canceller = Canceller
-_running_trio = running_trio

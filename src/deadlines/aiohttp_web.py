@@ -43,7 +43,7 @@ from ._extras import missing
 from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, limits_of
 from ._private.aiohttp_web import ended, headers_held, on_prepare
 from ._request import Request, answer_outcome, budget, deadline_outcome
-from ._scope import Frame, frame_var
+from ._scope import Frame, exceeded, frame_var
 
 try:
     from aiohttp import HttpVersion11, web
@@ -351,6 +351,7 @@ class _Watch(Request):
                         response = await handler(self.request)
                     else:
                         response = await self._in_session_context(handler)
+                    self._check_in_time(response)
                     if _made_later(response):
                         await self._send_made_later(response)
                 except DeadlineExceeded:  # ours reaches the handler as a cancellation
@@ -381,6 +382,13 @@ class _Watch(Request):
             self._poller.discard(self)
             self._uncancel()
         return response
+
+    def _check_in_time(self, response: web.StreamResponse) -> None:
+        """Nobody waits for an answer begun after the deadline (a handler that caught its
+        call's timeout, or ran without a checkpoint): 504, whichever timer ran first."""
+        frame = self.frame
+        if not response.prepared and frame is not None and frame.at <= _clock.now():
+            raise exceeded(frame)
 
     async def _send_made_later(self, response: web.StreamResponse) -> None:
         """Send a body aiohttp would make after we return, outside the deadline and the

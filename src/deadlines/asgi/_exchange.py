@@ -16,6 +16,7 @@ from .._errors import DeadlineExceeded
 from .._events import RequestOutcome
 from .._inbound import Limits
 from .._request import Request, answer_outcome, deadline_outcome
+from .._scope import exceeded
 
 if TYPE_CHECKING:
     from ._middleware import DeadlineMiddleware
@@ -52,9 +53,9 @@ class Exchange(Request):
     _bytes = 0
     _waiters: list[asyncio.Future[None]] = _NO_WAITERS
     _room: asyncio.Future[None] | None = None
-    pump: Any = None  # the watcher once started: its asyncio Task (trio: its CancelScope)
-    _pump_error: BaseException | None = None
-    _pump_wanted = False
+    watcher: Any = None  # the watcher once started: its asyncio Task (trio: its CancelScope)
+    _watcher_error: BaseException | None = None
+    _watcher_wanted = False
     _direct = 0
     _eof = False
     host: asyncio.Task[Any] | None = None
@@ -190,8 +191,8 @@ class Exchange(Request):
 
     def stop_watching(self) -> None:
         """The request ended while watched: stop the watcher, take back our cancellations."""
-        if self.pump is not None and not self.pump.done():
-            self.pump.cancel()
+        if self.watcher is not None and not self.watcher.done():
+            self.watcher.cancel()
         if self.cancels:
             self._uncancel()
 
@@ -201,21 +202,21 @@ class Exchange(Request):
             return
         if self.timeout is None:  # not armed on arrival: the deadline was far
             self.arm(self.loop, self.host)
-        self.start_pump()
+        self.start_watcher()
 
-    def start_pump(self) -> None:
-        if not self.active or self._eof or self.complete or self.pump is not None:
+    def start_watcher(self) -> None:
+        if not self.active or self._eof or self.complete or self.watcher is not None:
             return
         if self._direct or not self.may_read_ahead:
-            self._pump_wanted = True  # start when the app's own read returns
+            self._watcher_wanted = True  # start when the app's own read returns
             return
-        self.pump = self._spawn_pump()
+        self.watcher = self._spawn_watcher()
 
-    def _spawn_pump(self) -> Any:
+    def _spawn_watcher(self) -> Any:
         assert self.loop is not None
-        return self.loop.create_task(self._run_pump(), name="deadlines-asgi-watch")
+        return self.loop.create_task(self._run_watcher(), name="deadlines-asgi-watch")
 
-    async def _run_pump(self) -> None:
+    async def _run_watcher(self) -> None:
         """Read ahead of the app (at most `read_ahead` bytes) until the caller leaves."""
         try:
             while True:
@@ -231,7 +232,7 @@ class Exchange(Request):
                 if message["type"] == "http.disconnect":
                     return
         except Exception as exc:  # the server's receive failed: hand it to the app
-            self._pump_error = exc
+            self._watcher_error = exc
             self._wake_readers()
 
     # The waiting between the app's reads and the watcher: futures here, trio Events in
@@ -293,7 +294,7 @@ class Exchange(Request):
     async def receive(self) -> Message:
         """The next message the server sent: read straight from it until the watcher
         starts, from the watcher's buffer after."""
-        if self.pump is None:  # the app's own read (the watcher waits until it returns)
+        if self.watcher is None:  # the app's own read (the watcher waits until it returns)
             self._direct += 1
             try:
                 message = await self._receive()
@@ -302,9 +303,9 @@ class Exchange(Request):
             self.may_read_ahead = True
             if message["type"] == "http.disconnect":
                 self.note(message)
-            if self._pump_wanted and not self._direct:
-                self._pump_wanted = False
-                self.start_pump()
+            if self._watcher_wanted and not self._direct:
+                self._watcher_wanted = False
+                self.start_watcher()
             return message
         while True:
             buffer = self.buffer
@@ -315,8 +316,8 @@ class Exchange(Request):
                     self._bytes -= len(message.get("body", b""))
                     self._made_room()
                 return message
-            if self._pump_error is not None:
-                raise self._pump_error
+            if self._watcher_error is not None:
+                raise self._watcher_error
             await self._arrival()
 
     def send(self, message: Message) -> Awaitable[None]:
@@ -325,9 +326,15 @@ class Exchange(Request):
         A plain function returning the server's own awaitable: the app awaits that
         directly, with no coroutine of ours in between.
         """
-        self._last = message
         if message["type"] == "http.response.start":
+            frame = self.frame
+            if frame is not None and frame.at <= _clock.now():
+                # Nobody waits for an answer begun after the deadline (a handler that
+                # caught its call's timeout, or ran without a checkpoint): 504, whichever
+                # timer the loop ran first.
+                raise exceeded(frame)
             self._start = message
+        self._last = message
         return self._send(message)
 
 

@@ -169,7 +169,7 @@ class DeadlineMiddleware:
                 sweeper.pending.pop(exchange, None)
             elif exchange.trio_sweeper is not None:
                 exchange.trio_sweeper.pending.pop(exchange, None)
-            if exchange.pump is not None or exchange.cancels:
+            if exchange.watcher is not None or exchange.cancels:
                 exchange.stop_watching()
             if _events.observers:  # else `finish` reports nothing (a few calls saved)
                 if exchange.caller_left is not None:

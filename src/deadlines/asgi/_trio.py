@@ -58,8 +58,8 @@ class TrioExchange(Exchange):
         self._gone = self.canceller.cancel_scope
 
     def stop_watching(self) -> None:
-        if self.pump is not None:
-            self.pump.cancel()
+        if self.watcher is not None:
+            self.watcher.cancel()
 
     async def send(self, message: Message) -> None:
         """Pass `message` on, as `Exchange.send` does, with two guards trio needs.
@@ -82,15 +82,15 @@ class TrioExchange(Exchange):
             await super().send(message)
         self._shield = kind == "http.response.start" or kind in BEFORE_START
 
-    def _spawn_pump(self) -> Any:
+    def _spawn_watcher(self) -> Any:
         """A system task (a request's task has no nursery), in a CancelScope of its own."""
         scope = self._trio.CancelScope()
-        self._trio.lowlevel.spawn_system_task(self._pump_in, scope, name="deadlines-asgi-watch")
+        self._trio.lowlevel.spawn_system_task(self._watch_in, scope, name="deadlines-asgi-watch")
         return scope
 
-    async def _pump_in(self, scope: Any) -> None:
+    async def _watch_in(self, scope: Any) -> None:
         with scope:
-            await self._run_pump()
+            await self._run_watcher()
 
     async def _room_to_read(self) -> None:
         space = self._space = self._trio.Event()
@@ -154,6 +154,6 @@ class TrioSweeper:
                 continue
             del pending[exchange]
             try:
-                exchange.start_pump()
+                exchange.start_watcher()
             except Exception:  # never let a system task fail: that ends the whole run
                 log.exception("could not start the caller-left watcher")
