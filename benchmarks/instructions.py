@@ -35,6 +35,7 @@ from harness import child_env
 
 HERE = Path(__file__).resolve().parent
 WARMUP = 400
+GOAL = 1.5  # instructions the middleware adds, at most this many times TrustedHost's
 SERVERS = {
     "Starlette, bare": ("starlette", "/"),
     "Starlette + floor middleware": ("starlette", "/", "--floor"),
@@ -160,6 +161,14 @@ def main() -> None:
             f"{label:34} {row['ir']:9.0f} {row['l1_misses']:8.0f} "
             f"{row['est_cycles']:11.0f} {ratio:6.3f}"
         )
+    bare = results["Starlette, bare"]["ir"]
+    ours = results["Starlette + DeadlineMiddleware"]["ir"] - bare
+    theirs = results["Starlette + its TrustedHost"]["ir"] - bare
+    verdict = "met" if ours <= GOAL * theirs else "missed"
+    print(
+        f"instructions added per request: DeadlineMiddleware {ours:.0f}, TrustedHost"
+        f" {theirs:.0f}: {ours / theirs:.2f}x (goal: at most {GOAL}x, {verdict})"
+    )
     if options.json:
         options.json.write_text(json.dumps(results, indent=2))
 

@@ -37,6 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import announce, exit_with_parent
 
+# What the ``/io`` routes await: a timer standing in for 1 ms of I/O (the loop waits in
+# its selector, as for a socket's answer).
+IO_WAIT = 0.001
 _OK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 2\r\n\r\nok"
 
 
@@ -232,7 +235,8 @@ def starlette_app(
     passthrough: bool = False,
     reference: str | None = None,
 ) -> Any:
-    """One route, ``GET /`` → 200 "ok"; optionally wrapped in `DeadlineMiddleware`.
+    """``GET /`` → 200 "ok" (and ``GET /io``, the same after `IO_WAIT`); optionally
+    wrapped in `DeadlineMiddleware`.
 
     `floor`: wrapped instead in `_Floor`, the least any such middleware does;
     `passthrough`: in `_PassThrough`, the least any middleware at all does;
@@ -247,6 +251,10 @@ def starlette_app(
     async def home(request: Request) -> PlainTextResponse:
         return PlainTextResponse("ok")
 
+    async def io(request: Request) -> PlainTextResponse:
+        await asyncio.sleep(IO_WAIT)
+        return PlainTextResponse("ok")
+
     middleware = [Middleware(_Floor)] if floor else []
     if passthrough:
         middleware.append(Middleware(_PassThrough))
@@ -257,11 +265,12 @@ def starlette_app(
 
         options: dict[str, Any] = {} if watch_after is None else {"watch_after": watch_after}
         middleware.append(Middleware(DeadlineMiddleware, default=2.0, maximum=10.0, **options))
-    return Starlette(routes=[Route("/", home)], middleware=middleware)
+    return Starlette(routes=[Route("/", home), Route("/io", io)], middleware=middleware)
 
 
 def fastapi_app(*, with_deadlines: bool, watch_after: float | None = None) -> Any:
-    """``GET /items/{item_id}?q=`` → a validated pydantic model as JSON, as real routes do."""
+    """``GET /items/{item_id}?q=`` → a validated pydantic model as JSON, as real routes
+    do (``/io/items/{item_id}``: the same after `IO_WAIT`)."""
     from fastapi import FastAPI
     from pydantic import BaseModel
 
@@ -283,6 +292,11 @@ def fastapi_app(*, with_deadlines: bool, watch_after: float | None = None) -> An
     # and `Item` is local, out of FastAPI's reach.
     @app.get("/items/{item_id}", response_model=Item)
     async def item(item_id: int, q: str | None = None) -> Any:
+        return Item(id=item_id, name=f"item {item_id}", price=9.5, tags=["a", "b"], query=q)
+
+    @app.get("/io/items/{item_id}", response_model=Item)
+    async def io_item(item_id: int, q: str | None = None) -> Any:
+        await asyncio.sleep(IO_WAIT)
         return Item(id=item_id, name=f"item {item_id}", price=9.5, tags=["a", "b"], query=q)
 
     return app

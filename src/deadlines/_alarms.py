@@ -1,4 +1,5 @@
-"""`Timeout`: asyncio.Timeout's contract on one shared timer per event loop.
+"""`Timeout`: asyncio.Timeout's contract on one shared timer per event loop; the loop's
+`LoopClock` runs any other `Alarm` the same way (the ASGI middleware's late arming).
 
 ``asyncio.timeout`` arms a `TimerHandle` of its own for every block and cancels it on
 the way out. A service under load enters thousands of such blocks a second (one per
@@ -13,6 +14,10 @@ Precision is the loop's own: the same `call_at`, one timer.
 
 The contract is asyncio's: the task is cancelled at `when`, and the block raises
 `TimeoutError` when that cancellation (and no other) ended it.
+
+`benchmarks/timers.py` measures this against ``asyncio.timeout_at``: the cost of a
+block left long before its deadline, and how late 10,000 deadlines expiring together
+are delivered.
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ import time
 import weakref
 from heapq import heapify, heappop, heappush
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from . import _loop
 
-__all__ = ["Timeout"]
+__all__ = ["Alarm", "LoopClock", "Timeout", "clock_for"]
 
 _CREATED, _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(5)
 _STATE_NAMES: Final = ("created", "active", "expiring", "expired", "finished")
@@ -37,6 +42,13 @@ _RESOLUTION: Final = time.get_clock_info("monotonic").resolution
 _SWEEP_AT: Final = 128  # dead entries from which they are swept in bulk (if > 3x live)
 
 _order = itertools.count()  # ties in `when` keep arrival order; entries never compare alarms
+
+
+class Alarm(Protocol):
+    """What a `LoopClock` runs at its instant."""
+
+    def fire(self) -> None:
+        """Called once, from the loop, at (or just after) the instant armed for."""
 
 
 class Timeout:
@@ -53,7 +65,7 @@ class Timeout:
         self._state = _CREATED
         self._task: asyncio.Task[Any] | None = None
         self._cancelling = 0
-        self._clock: _LoopClock | None = None
+        self._clock: LoopClock | None = None
         self._entry: list[Any] | None = None
 
     def when(self) -> float | None:
@@ -75,7 +87,7 @@ class Timeout:
         self._state = _ENTERED
         self._task = task
         self._cancelling = task.cancelling()
-        clock = self._clock = _clock_for(loop)
+        clock = self._clock = clock_for(loop)
         if self._when is not None:
             self._entry = clock.arm(self._when, self)
 
@@ -113,8 +125,8 @@ class Timeout:
         assert task is not None
         return task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError
 
-    def _fire(self) -> None:
-        """Called by the loop clock at `when`: cancel the task."""
+    def fire(self) -> None:
+        """Called by the loop clock at `when`: cancel the task (`Alarm`)."""
         self._entry = None
         self._state = _EXPIRING
         assert self._task is not None
@@ -140,43 +152,45 @@ class Timeout:
         return f"<deadlines Timeout [{_STATE_NAMES[self._state]}] when={self._when}>"
 
 
-class _LoopClock:
-    """The heap of armed timeouts of one loop, and the loop timer for the earliest one.
+class LoopClock:
+    """The heap of armed alarms of one loop, and the loop timer for the earliest one.
 
-    Entries are ``[when, order, timeout]`` lists; a dead entry has ``None`` for its
-    timeout. Lists compare by (when, order), which is unique, so timeouts are never
-    compared.
+    Entries are ``[when, order, alarm]`` lists; a dead entry (disarmed, or fired) has
+    ``None`` for its alarm. Lists compare by (when, order), which is unique, so alarms
+    are never compared. `live` counts the armed ones.
     """
 
-    __slots__ = ("__weakref__", "_at", "_dead", "_handle", "_heap", "_live", "_loop")
+    __slots__ = ("__weakref__", "_at", "_dead", "_handle", "_heap", "_loop", "live")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         # Weak: the clocks dictionary is keyed by the loop and must not keep it alive.
         # (A pending `_handle`, and a live entry's task, still lead back to the loop:
-        # `_clock_for` drops those clocks once their loop is closed.)
+        # `clock_for` drops those clocks once their loop is closed.)
         self._loop = weakref.ref(loop)
         self._heap: list[list[Any]] = []
-        self._live = 0
+        self.live = 0
         self._dead = 0  # entries left in the heap after their block ended
         self._handle: asyncio.Handle | None = None
         self._at = 0.0  # when `_handle` runs
 
-    def arm(self, when: float, timeout: Timeout) -> list[Any]:
-        entry = [when, next(_order), timeout]
+    def arm(self, when: float, alarm: Alarm) -> list[Any]:
+        """Run ``alarm.fire()`` at loop time `when`; the entry to `disarm` it with."""
+        entry = [when, next(_order), alarm]
         heappush(self._heap, entry)
-        self._live += 1
+        self.live += 1
         if self._handle is None or when < self._at:
             self._schedule(when)
         return entry
 
     def disarm(self, entry: list[Any]) -> None:
+        """Take back an entry `arm` gave that has not fired."""
         # Only marked: a dead entry leaves the heap when it reaches the top as the loop
         # timer runs, or in a bulk sweep once the dead outnumber the live 3:1 (amortized
         # O(1) per block; popping here would cost every block a heap walk).
         entry[2] = None
-        self._live -= 1
+        self.live -= 1
         dead = self._dead = self._dead + 1
-        if dead >= _SWEEP_AT and dead > 3 * self._live:
+        if dead >= _SWEEP_AT and dead > 3 * self.live:
             self._heap = [e for e in self._heap if e[2] is not None]
             heapify(self._heap)
             self._dead = 0
@@ -202,8 +216,8 @@ class _LoopClock:
         while self._heap:
             heap = self._heap  # read anew each time: disarming may compact it
             entry = heap[0]
-            timeout = entry[2]
-            if timeout is None:
+            alarm = entry[2]
+            if alarm is None:
                 heappop(heap)
                 self._dead -= 1
                 continue
@@ -212,8 +226,8 @@ class _LoopClock:
                 return
             heappop(heap)
             entry[2] = None
-            self._live -= 1
-            timeout._fire()
+            self.live -= 1
+            alarm.fire()
 
     def close(self) -> None:
         """The loop is closed: let go of its timer and of the tasks in the heap."""
@@ -221,7 +235,7 @@ class _LoopClock:
             self._handle.cancel()
             self._handle = None
         self._heap = []
-        self._live = self._dead = 0
+        self.live = self._dead = 0
 
 
 # Weak keys alone do not free a loop: a clock's pending timer handle (and a live entry's
@@ -230,17 +244,18 @@ class _LoopClock:
 # closed loops. Until a new loop comes along, the last one seen stays referenced even
 # once closed (by its entry and by `_recent`): one loop at most, and the fast path
 # stays a single check.
-_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopClock] = (
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, LoopClock] = (
     weakref.WeakKeyDictionary()
 )
 _clocks_lock = threading.Lock()
 # The clock last asked for, by any thread: most processes run one loop. A global, as
 # `_loop.running()` keeps its loop; threads with loops of their own that take turns
 # go to the dictionary.
-_recent: _LoopClock | None = None
+_recent: LoopClock | None = None
 
 
-def _clock_for(loop: asyncio.AbstractEventLoop) -> _LoopClock:
+def clock_for(loop: asyncio.AbstractEventLoop) -> LoopClock:
+    """The clock of `loop`, made on first use."""
     global _recent
     clock = _recent
     if clock is not None and clock._loop() is loop:
@@ -248,7 +263,7 @@ def _clock_for(loop: asyncio.AbstractEventLoop) -> _LoopClock:
     with _clocks_lock:
         clock = _clocks.get(loop)
         if clock is None:
-            _loop.forget_closed(_clocks, _LoopClock.close)
-            clock = _clocks[loop] = _LoopClock(loop)
+            _loop.forget_closed(_clocks, LoopClock.close)
+            clock = _clocks[loop] = LoopClock(loop)
     _recent = clock
     return clock

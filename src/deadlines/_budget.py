@@ -76,7 +76,6 @@ class CallBudget:
     __slots__ = (
         "_answered_at",
         "_end_source",
-        "_finished",
         "_frame",
         "_guarded",
         "_learns",
@@ -85,6 +84,7 @@ class CallBudget:
         "budget",
         "dependency",
         "end",
+        "finished",
         "phase",
         "pool_wait",
         "request_budget",
@@ -96,7 +96,7 @@ class CallBudget:
     def __init__(self, dependency: Dependency) -> None:
         self.dependency = dependency
         self.start = start = _clock.now()
-        frame = _scope._frame.get()
+        frame = _scope.frame_var.get()
         #: Clock instant of the request's deadline (inf without one).
         self.request_end = request_end = math.inf if frame is None else frame.at
         #: Seconds the request's deadline scope was given (None without one).
@@ -113,7 +113,8 @@ class CallBudget:
         self.phase: Phase | None = None
         self._frame = frame
         self._sources: dict[Limit, Binding] = {}
-        self._finished = False
+        #: Whether `finish` reported the call's end.
+        self.finished = False
         if budget <= 0.0 or budget < dependency.min_useful:
             exc = BudgetExhausted(
                 remaining=budget,
@@ -248,7 +249,7 @@ class CallBudget:
     # Reporting to observers (metrics, traces, logs).
 
     def __enter__(self) -> CallBudget:
-        if _events._observers:  # as `_events.active()`, without the call: every call asks
+        if _events.observers:  # as `_events.active()`, without the call: every call asks
             _events.emit(_events.CallStarted(self.dependency.name, self.budget, id(self)))
         return self
 
@@ -262,14 +263,14 @@ class CallBudget:
 
     def finish(self, error: BaseException | None = None) -> None:
         """Report the end of the call once (later calls are ignored)."""
-        if self._finished:
+        if self.finished:
             return
-        self._finished = True
+        self.finished = True
         cancelled = error is not None and _is_cancellation(error)
         cut = cancelled and self._note_cut()
         if self._learns:
             self._learn(error, cancelled and not cut)
-        if not _events._observers:
+        if not _events.observers:
             return
         outcome: _events.CallOutcome
         phase: str | None = None

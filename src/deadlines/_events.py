@@ -159,7 +159,7 @@ Event: TypeAlias = (
 )
 Observer: TypeAlias = Callable[[Event], None]
 
-_observers: tuple[Observer, ...] = ()
+observers: tuple[Observer, ...] = ()
 
 
 def observe(observer: Observer) -> Callable[[], None]:
@@ -168,19 +168,19 @@ def observe(observer: Observer) -> Callable[[], None]:
     Observers run inline on the hot path: keep them fast and never raise. An observer
     that raises is isolated (its error is reported with `sys.unraisablehook`).
     """
-    global _observers
-    _observers = (*_observers, observer)
+    global observers
+    observers = (*observers, observer)
 
     def unsubscribe() -> None:
-        global _observers
-        _observers = tuple(o for o in _observers if o is not observer)
+        global observers
+        observers = tuple(o for o in observers if o is not observer)
 
     return unsubscribe
 
 
 def emit(event: Event) -> None:
     """Report `event` to every observer."""
-    for observer in _observers:
+    for observer in observers:
         try:
             observer(event)
         except Exception as exc:  # an exporter bug must never fail a request
@@ -191,7 +191,7 @@ def emit(event: Event) -> None:
 
 def active() -> bool:
     """Whether anybody is listening (skip building events when not)."""
-    return bool(_observers)
+    return bool(observers)
 
 
 class _Unraisable:

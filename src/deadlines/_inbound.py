@@ -1,8 +1,8 @@
-"""What every inbound middleware shares: route limits, the arrival budget, the 504 body.
+"""What every inbound middleware configures the same way: route limits, the 504's body.
 
-The ASGI, aiohttp.web, WSGI and gRPC middlewares differ in how they watch the
-connection and how they answer; the rules for the budget are the same and live here.
-Standard library only, so the WSGI middleware stays dependency-free.
+`Limits` and `limits` (a route's own budget), `RouteTable` (limits per path pattern),
+the header name a server reads, and the 504's JSON body naming the limit that ran out.
+A request's own deadline is `_request.Request`. Standard library only.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
-from . import _clock, _events, _validate, wire
-from ._errors import BudgetExhausted, DeadlineExceeded
-from ._events import RequestOutcome
+from . import _validate, wire
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -146,17 +144,6 @@ def renamed(pairs: Iterable[tuple[bytes, bytes]], header: bytes) -> list[tuple[b
     return out
 
 
-def budget(found: Iterable[tuple[Any, Any]], limits: Limits, reserve: float) -> float:
-    """Seconds for the request: min(header, maximum) or default, minus reserve; >= 0.
-
-    `found` holds the deadline headers (name, value) already picked out of the
-    request, so the scan is short; the rules are `wire.header_budget`'s.
-    """
-    best = wire.header_budget(found)
-    chosen = limits.default if best is None else min(best, limits.maximum)
-    return max(0.0, chosen - reserve)
-
-
 def binding_limit(headers: Iterable[tuple[Any, Any]], limits: Limits, header: str) -> str:
     """Which limit set the budget: a header's name, "route maximum" or "route default".
 
@@ -194,35 +181,3 @@ def timeout_body(*, limit: str, budget: float, elapsed: float) -> bytes:
         },
         separators=(",", ":"),
     ).encode()
-
-
-def answer_outcome(status: int) -> RequestOutcome:
-    """The outcome of a request the app answered with HTTP `status`: a server error (5xx)
-    is an error; anything else, a 4xx included, is an answer."""
-    return "error" if status >= 500 else "ok"
-
-
-def deadline_outcome(exc: DeadlineExceeded) -> RequestOutcome:
-    """The request outcome for a deadline error that ended a handler."""
-    return "budget_exhausted" if isinstance(exc, BudgetExhausted) else "deadline"
-
-
-class Report:
-    """One request's events: `RequestStarted` when made, `RequestFinished` once, however
-    many of a middleware's paths end the request."""
-
-    __slots__ = ("budget", "done", "route", "started")
-
-    def __init__(self, route: str, budget: float, started: float) -> None:
-        self.route, self.budget, self.started, self.done = route, budget, started, False
-        if _events.active():
-            _events.emit(_events.RequestStarted(route, budget))
-
-    def finish(self, outcome: RequestOutcome) -> None:
-        """Emit `RequestFinished` with `outcome`, unless it was emitted already."""
-        if self.done:
-            return
-        self.done = True
-        if _events.active():
-            duration = _clock.now() - self.started
-            _events.emit(_events.RequestFinished(self.route, outcome, duration, self.budget))

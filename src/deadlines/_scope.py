@@ -26,7 +26,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class _Frame:
+class Frame:
     """What the context holds: the deadline's instant and how it was made, for errors.
 
     The `Deadline` object itself is made only when somebody asks (`current()`): most
@@ -70,20 +70,20 @@ class Cut:
     pool_wait: float | None
 
 
-_frame: contextvars.ContextVar[_Frame | None] = contextvars.ContextVar(
+frame_var: contextvars.ContextVar[Frame | None] = contextvars.ContextVar(
     "deadlines.frame", default=None
 )
 
 
 def current() -> Deadline | None:
     """The deadline of the current request or scope, or None when there is none."""
-    frame = _frame.get()
+    frame = frame_var.get()
     return None if frame is None else frame.deadline
 
 
 def remaining() -> float:
     """Seconds left before the current deadline (never negative); `math.inf` without one."""
-    frame = _frame.get()
+    frame = frame_var.get()
     return math.inf if frame is None else frame.remaining()
 
 
@@ -92,9 +92,9 @@ def check() -> None:
 
     Sync code cannot be interrupted; call this between steps of long work.
     """
-    frame = _frame.get()
+    frame = frame_var.get()
     if frame is not None and _clock.now() >= frame.at:
-        raise _exceeded(frame)
+        raise exceeded(frame)
 
 
 def carry(fn: Callable[P, R]) -> Callable[P, R]:
@@ -111,7 +111,7 @@ def carry(fn: Callable[P, R]) -> Callable[P, R]:
     return carried
 
 
-def _exceeded(frame: _Frame) -> DeadlineExceeded:
+def exceeded(frame: Frame) -> DeadlineExceeded:
     elapsed = _clock.now() - frame.started
     cut = frame.cut
     if cut is None:
@@ -151,10 +151,10 @@ class scope:
             raise TypeError(f"deadline must be a Deadline, not {deadline!r}")
         self._deadline = deadline
         self._entered = False
-        self._frame: _Frame | None = None
-        self._token: contextvars.Token[_Frame | None] | None = None
+        self._frame: Frame | None = None
+        self._token: contextvars.Token[Frame | None] | None = None
         self._timeout: _alarms.Timeout | None = None  # the asyncio canceller, inline
-        self._canceller: _Canceller | None = None  # trio's
+        self._canceller: Canceller | None = None  # trio's
 
     @property
     def deadline(self) -> Deadline | None:
@@ -165,23 +165,23 @@ class scope:
         if self._entered:
             raise RuntimeError("a deadlines.scope can be entered only once")
         self._entered = True
-        frame = _frame.get()
+        frame = frame_var.get()
         budget, given = self._budget, self._deadline
         if budget is not None or given is not None:
             start = _clock.now()
             if budget is not None:
                 at = start + budget
                 if frame is None or at < frame.at:
-                    frame = _Frame(at, budget, start)
+                    frame = Frame(at, budget, start)
             if given is not None and (frame is None or given._at < frame.at):
-                frame = _Frame(given._at, max(0.0, given._at - start), start, given)
+                frame = Frame(given._at, max(0.0, given._at - start), start, given)
         self._frame = frame
-        self._token = _frame.set(frame)
+        self._token = frame_var.set(frame)
         return None if frame is None else frame.deadline
 
     def _exit(self) -> None:
         if self._token is not None:
-            _frame.reset(self._token)
+            frame_var.reset(self._token)
             self._token = None
 
     def __enter__(self) -> Deadline | None:
@@ -190,79 +190,25 @@ class scope:
     def __exit__(self, *exc_info: object) -> None:
         self._exit()
 
-    def _enter_async(
-        self,
-        loop: asyncio.AbstractEventLoop | None,
-        task: asyncio.Task[Any] | None = None,
-    ) -> Deadline | None:
-        """What ``async with`` does on entry, as a plain call: set the deadline, arm it.
-
-        `loop` is the running asyncio loop (`_loop.running()`, None under trio) and
-        `task` the current task if the caller has it: for integrations that hold the
-        request open themselves and look both up once.
-        """
+    async def __aenter__(self) -> Deadline | None:
         deadline = self._enter()
         if deadline is not None:
+            assert self._frame is not None
+            # What remains, not the frame's start: the binding frame may be an outer one
+            # entered long ago (a sync scope arms no timer of its own).
+            left = self._frame.remaining()
             try:
-                self._arm(loop, task)
+                loop = _loop.running()
+                if loop is not None:  # the common case, inline
+                    timeout = _alarms.Timeout(loop.time() + left)
+                    timeout.enter(loop)
+                    self._timeout = timeout
+                else:
+                    self._canceller = Canceller.start(left)
             except BaseException:
                 self._exit()
                 raise
         return deadline
-
-    def _arm(self, loop: asyncio.AbstractEventLoop | None, task: asyncio.Task[Any] | None) -> None:
-        """Arm the cancellation of an entered scope that has a deadline.
-
-        `_enter_async` arms at once. An integration that sets the frame itself may arm
-        later, from a loop callback with the request's `task`, while the deadline is
-        still far: the ASGI middleware arms only requests still running after
-        `watch_after`, so that the many that end sooner never touch a timer.
-        """
-        assert self._frame is not None
-        # What remains, not the frame's start: the binding frame may be an outer one
-        # entered long ago (a sync scope arms no timer of its own).
-        left = self._frame.remaining()
-        if loop is not None:  # the common case, inline
-            timeout = _alarms.Timeout(loop.time() + left)
-            timeout.enter(loop, task)
-            self._timeout = timeout
-        else:
-            self._canceller = _Canceller.start(left)
-
-    def _exit_async(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> None:
-        """What ``async with`` does on exit: disarm, restore, and raise `DeadlineExceeded`
-        when this scope's own cancellation ended the block."""
-        token, self._token = self._token, None
-        assert token is not None
-        self._leave(exc_type, exc, token)
-
-    def _leave(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        token: contextvars.Token[_Frame | None],
-    ) -> None:
-        """`_exit_async` with the token given: an integration that set the frame itself
-        (the ASGI middleware's exchange) keeps the token, not the scope."""
-        timeout = self._timeout
-        if timeout is None and self._canceller is None:  # never armed: most ASGI requests
-            _frame.reset(token)
-            return
-        try:
-            if timeout is not None:
-                fired = timeout.leave(exc_type)
-            elif self._canceller is not None:
-                fired = self._canceller.stop(exc_type, exc)
-            else:
-                fired = False
-        finally:
-            _frame.reset(token)
-        if fired:
-            assert self._frame is not None
-            raise _exceeded(self._frame) from None
-
-    async def __aenter__(self) -> Deadline | None:
-        return self._enter_async(_loop.running())
 
     async def __aexit__(
         self,
@@ -270,45 +216,59 @@ class scope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        self._exit_async(exc_type, exc)
+        token, self._token = self._token, None
+        assert token is not None
+        timeout, canceller = self._timeout, self._canceller
+        try:
+            if timeout is not None:
+                fired = timeout.leave(exc_type)
+            elif canceller is not None:
+                fired = canceller.stop(exc_type, exc)
+            else:  # no deadline: nothing was armed
+                fired = False
+        finally:
+            frame_var.reset(token)
+        if fired:
+            assert self._frame is not None
+            raise exceeded(self._frame) from None
         return False
 
 
-class _Canceller:
+class Canceller:
     """Cancels the current task at an instant: asyncio's Timeout or a trio CancelScope."""
 
-    __slots__ = ("_asyncio", "_trio")
+    __slots__ = ("cancel_scope", "timeout")
 
     def __init__(self) -> None:
-        self._asyncio: _alarms.Timeout | None = None
-        self._trio: Any = None
+        self.timeout: _alarms.Timeout | None = None
+        self.cancel_scope: Any = None
 
     @classmethod
-    def start(cls, seconds: float) -> _Canceller:
+    def start(cls, seconds: float) -> Canceller:
         """Arm a canceller `seconds` from now in the running task."""
         self = cls()
         loop = _loop.running()
         if loop is not None:
-            self._asyncio = _alarms.Timeout(loop.time() + seconds)
-            self._asyncio.enter(loop)
+            self.timeout = _alarms.Timeout(loop.time() + seconds)
+            self.timeout.enter(loop)
             return self
-        trio = _running_trio()
+        trio = running_trio()
         if trio is None:
             raise RuntimeError("deadlines.scope needs a running asyncio or trio event loop")
-        self._trio = trio.CancelScope(deadline=trio.current_time() + seconds)
-        self._trio.__enter__()
+        self.cancel_scope = trio.CancelScope(deadline=trio.current_time() + seconds)
+        self.cancel_scope.__enter__()
         return self
 
     def stop(self, exc_type: type[BaseException] | None, exc: BaseException | None) -> bool:
         """Disarm; True when this canceller's own cancellation ended the body."""
-        if self._trio is not None:
-            self._trio.__exit__(exc_type, exc, None if exc is None else exc.__traceback__)
-            return bool(self._trio.cancelled_caught)
-        assert self._asyncio is not None
-        return self._asyncio.leave(exc_type)
+        if self.cancel_scope is not None:
+            self.cancel_scope.__exit__(exc_type, exc, None if exc is None else exc.__traceback__)
+            return bool(self.cancel_scope.cancelled_caught)
+        assert self.timeout is not None
+        return self.timeout.leave(exc_type)
 
 
-def _running_trio() -> Any:
+def running_trio() -> Any:
     """The trio module if the current task runs under trio, else None (no import)."""
     trio = sys.modules.get("trio")
     if trio is None or asyncio._get_running_loop() is not None:

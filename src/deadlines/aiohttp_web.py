@@ -22,26 +22,28 @@ A body made by an async iterator (``web.Response(body=agen())``), which aiohttp 
 make after the middleware returned, is sent by the middleware itself, inside the
 deadline and the connection watch, as if the handler had written it. A request that
 upgrades to a WebSocket keeps its deadline until the `WebSocketResponse` is prepared;
-the session then runs without one.
+the handler then leaves it and the session runs without one (tasks the handler started
+before keep it: a deadline only ever shrinks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
-import math
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
-from . import _clock, _inbound, _loop, _validate, wire
-from ._errors import CallerLeft, DeadlineExceeded
+from . import _clock, _loop, _validate, wire
+from ._alarms import clock_for
+from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
-from ._inbound import Limits, limits
-from ._scope import _Frame
-from ._scope import _frame as _frame_var
-from ._scope import scope as deadline_scope
+from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, limits_of
+from ._private.aiohttp_web import ended, headers_held, on_prepare
+from ._request import Request, answer_outcome, budget, deadline_outcome
+from ._scope import Frame, exceeded, frame_var
 
 try:
     from aiohttp import HttpVersion11, web
@@ -81,9 +83,9 @@ class DeadlineMiddleware:
         routes: Mapping[str, Limits] | None = None,
         watch_every: float | timedelta = 0.01,
     ) -> None:
-        self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
+        self._table = RouteTable(routes, Limits(default=default, maximum=maximum))
         self._reserve = _validate.seconds(reserve, "reserve")
-        self._header = _inbound.header_name(header)
+        self._header = header_name(header)
         self._names = (self._header, wire.GRPC_HEADER, wire.ENVOY_HEADER)
         self._watch_every = _validate.seconds(watch_every, "watch_every", allow_zero=False)
         # A plain dict: each poller holds its loop (for the request path's `call_later`),
@@ -98,17 +100,16 @@ class DeadlineMiddleware:
         without one)."""
         started = _clock.now()
         route, limits_, headers, budget = self._arrival(request)
-        report = _inbound.Report(route, budget, started)
-        watch = _Watch(request, self._poller(), report)
+        watch = _Watch(route, budget, started, request, self._poller())
         outcome: RequestOutcome = "error"
         try:
             if budget <= 0.0:
                 outcome = "budget_exhausted"
-                return self._timeout(headers, limits_, budget, started)
+                return self._timeout(watch, headers, limits_)
             if request.headers.get("Upgrade", "").lower() == "websocket":
                 watch.await_upgrade()
             try:
-                response = await watch.run(handler, budget)
+                response = await watch.run(handler)
             except asyncio.CancelledError:
                 if watch.caller_left is not None:
                     outcome = "caller_left"
@@ -118,12 +119,12 @@ class DeadlineMiddleware:
             except web.HTTPException as exc:
                 # aiohttp's way to answer (a redirect, a 404): a response, not a failure,
                 # unless it is a server error.
-                outcome = _inbound.answer_outcome(exc.status)
+                outcome = answer_outcome(exc.status)
                 raise
             except DeadlineExceeded as exc:
-                outcome = _inbound.deadline_outcome(exc)
+                outcome = deadline_outcome(exc)
                 if not _response_started(request):
-                    return self._timeout(headers, limits_, budget, started)
+                    return self._timeout(watch, headers, limits_)
                 if not _delivered(request):
                     raise  # the response is half out: aiohttp closes the connection
                 if watch.apps_own:  # after a whole response: the handler's own error
@@ -135,10 +136,10 @@ class DeadlineMiddleware:
             if watch.caller_left is not None:
                 outcome = "caller_left"
             else:  # a server error the handler answered with is an error
-                outcome = _inbound.answer_outcome(getattr(response, "status", 200))
+                outcome = answer_outcome(getattr(response, "status", 200))
             return response
         finally:
-            report.finish(outcome)
+            watch.finish(outcome)
 
     async def expect_handler(self, request: web.Request) -> web.StreamResponse | None:
         """A route's ``expect_handler``: no ``100 Continue`` for a request that arrived
@@ -156,8 +157,9 @@ class DeadlineMiddleware:
             await _expect_continue(request)
             return None
         # The middleware will not run for this request: it is reported here.
-        _inbound.Report(route, budget, started).finish("budget_exhausted")
-        return self._timeout(headers, limits_, budget, started)
+        expired = Request(route, budget, started)
+        expired.finish("budget_exhausted")
+        return self._timeout(expired, headers, limits_)
 
     def _arrival(self, request: web.Request) -> tuple[str, Limits, list[tuple[str, str]], float]:
         """The request's route label and limits, its deadline headers, and its budget."""
@@ -168,7 +170,7 @@ class DeadlineMiddleware:
             for name in self._names
             for value in getall(name, ())
         ]
-        return route, limits_, headers, _inbound.budget(headers, limits_, self._reserve)
+        return route, limits_, headers, budget(wire.header_budget(headers), limits_, self._reserve)
 
     def _poller(self) -> _Poller:
         loop = _loop.running() or asyncio.get_running_loop()
@@ -188,20 +190,14 @@ class DeadlineMiddleware:
         template = resource.canonical if resource is not None else None
         pattern, table_limits = self._table.match(request.method, request.path)
         handler = getattr(route, "handler", None)
-        marked = _inbound.limits_of(handler)
+        marked = limits_of(handler)
         if isinstance(handler, type):  # a class-based view: its method's mark wins
             method = getattr(handler, request.method.lower(), None)
-            marked = _inbound.limits_of(method) or marked
-        return template or pattern or _inbound.UNMATCHED, marked or table_limits
+            marked = limits_of(method) or marked
+        return template or pattern or UNMATCHED, marked or table_limits
 
-    def _timeout(
-        self, headers: Any, limits_: Limits, budget: float, started: float
-    ) -> web.Response:
-        body = _inbound.timeout_body(
-            limit=_inbound.binding_limit(headers, limits_, self._header),
-            budget=budget,
-            elapsed=_clock.now() - started,
-        )
+    def _timeout(self, request: Request, headers: Any, limits_: Limits) -> web.Response:
+        body = request.timeout_body(headers, limits_, self._header)
         return web.Response(
             status=504,
             body=body,
@@ -228,7 +224,7 @@ def _response_started(request: web.Request) -> bool:
     504 can no longer take its place: the writer is set for that response (its length,
     its chunking)."""
     writer = request.writer
-    return writer.output_size > 0 or getattr(writer, "_headers_buf", None) is not None
+    return writer.output_size > 0 or headers_held(writer)
 
 
 def _keeps(request: web.Request) -> bool:
@@ -253,12 +249,8 @@ def _made_later(response: object) -> bool:
 
 
 def _delivered(request: web.Request) -> bool:
-    """Whether the whole response went out (`StreamResponse.write_eof` ran).
-
-    aiohttp has no public way to ask; its writer's ``_eof`` flag says it. Without the
-    flag (another aiohttp) the answer is no, and aiohttp closes the connection.
-    """
-    return getattr(request.writer, "_eof", False) is True
+    """Whether the whole response went out (`StreamResponse.write_eof` ran)."""
+    return ended(request.writer)
 
 
 class _Delivered(web.StreamResponse):
@@ -289,75 +281,77 @@ class _Delivered(web.StreamResponse):
 class _Poller:
     """Checks the connections of every handler running on one loop, every `every` seconds.
 
-    One timer for all requests in flight instead of one per request: a request costs a
-    dict insert and delete, and the timer runs only while some request is in flight.
+    One timer for all requests in flight instead of one per request, an `Alarm` on the
+    loop's clock (`_alarms`): a request costs a dict insert and delete, and the timer
+    runs only while some request is in flight.
     """
 
-    __slots__ = ("_every", "_handle", "_loop", "_watches")
+    __slots__ = ("_clock", "_entry", "_every", "_loop", "_watches")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, every: float) -> None:
         self._loop = loop
         self._every = every
+        self._clock = clock_for(loop)
         self._watches: dict[_Watch, None] = {}
-        self._handle: asyncio.TimerHandle | None = None
+        self._entry: list[Any] | None = None  # on the loop's clock while requests run
 
     def add(self, watch: _Watch) -> None:
         self._watches[watch] = None
-        if self._handle is None:
-            self._handle = self._loop.call_later(self._every, self._check)
+        if self._entry is None:
+            self._entry = self._clock.arm(self._loop.time() + self._every, self)
 
     def discard(self, watch: _Watch) -> None:
         self._watches.pop(watch, None)
 
     def close(self) -> None:
-        """The loop is closed: let go of its timer and of the requests it was watching."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
+        """The loop is closed (and with it the loop's clock): let go of its requests."""
+        self._entry = None
         self._watches.clear()
 
-    def _check(self) -> None:
-        """Timer callback: cancel the handlers whose connection is gone, look again later."""
-        self._handle = None
+    def fire(self) -> None:
+        """Cancel the handlers whose connection is gone, look again later."""
+        self._entry = None
         lost = [watch for watch in self._watches if watch.request.transport is None]
         for watch in lost:
             del self._watches[watch]
             if watch.gone():  # a caller gone after its whole answer did not leave
                 watch.cancel_host()
         if self._watches:
-            self._handle = self._loop.call_later(self._every, self._check)
+            self._entry = self._clock.arm(self._loop.time() + self._every, self)
 
 
-class _Watch:
-    """Runs one handler under the deadline and cancels it when the connection is lost (a
-    WebSocket's request is reported at its upgrade)."""
+class _Watch(Request):
+    """One request's deadline (`Request`): runs the handler under it and cancels it when
+    the connection is lost (a WebSocket's request is reported at its upgrade)."""
 
-    __slots__ = (
-        "_cancels", "_host", "_outer", "_poller", "_scope", "apps_own", "caller_left",
-        "report", "request", "upgraded",
-    )  # fmt: skip
-
-    def __init__(self, request: web.Request, poller: _Poller, report: _inbound.Report) -> None:
+    def __init__(
+        self, route: str, budget: float, started: float, request: web.Request, poller: _Poller
+    ) -> None:
+        super().__init__(route, budget, started)
         self.request = request
-        self.report = report
         self._poller = poller
         self._host: asyncio.Task[Any] | None = None
-        self._scope: deadline_scope | None = None
-        self._outer: _Frame | None = None
+        self._outer: Frame | None = None
         self._cancels = 0
-        self.caller_left: CallerLeft | None = None
         self.apps_own = False  # the handler raised a DeadlineExceeded of its own
         self.upgraded = False  # a WebSocketResponse was prepared: no deadline from then
+        self.upgrading = False  # the request asks to upgrade (`await_upgrade`)
+        # The context the handler of a request that asks to upgrade runs in.
+        self._session: contextvars.Context | None = None
+        self._session_task: asyncio.Task[web.StreamResponse] | None = None
 
-    async def run(self, handler: Handler, budget: float) -> web.StreamResponse:
+    async def run(self, handler: Handler) -> web.StreamResponse:
         self._host = asyncio.current_task(_loop.running() or asyncio.get_running_loop())
         self._poller.add(self)
-        request_scope = self._scope = deadline_scope(budget)
-        self._outer = _frame_var.get()  # an outer scope's frame binds if nearer
+        self._outer = frame_var.get()  # an outer scope's frame binds if nearer
         try:
-            async with request_scope:
+            async with self:
                 try:
-                    response = await handler(self.request)
+                    if not self.upgrading:
+                        response = await handler(self.request)
+                    else:
+                        response = await self._in_session_context(handler)
+                    self._check_in_time(response)
                     if _made_later(response):
                         await self._send_made_later(response)
                 except DeadlineExceeded:  # ours reaches the handler as a cancellation
@@ -366,7 +360,7 @@ class _Watch:
         except asyncio.CancelledError:
             if not self._cancels:
                 if self.gone():  # aiohttp's handler_cancellation=True
-                    self.caller_left = self._left()
+                    self.left()
                 raise  # not ours: aiohttp's own, or server shutdown
             self._uncancel()
             if self._host is not None and self._host.cancelling():
@@ -381,13 +375,20 @@ class _Watch:
                 # The caller went away: aiohttp fails the body read (or a write) with a
                 # connection error before the poller comes round. Nobody is left to tell.
                 _log.debug("error after the caller left", exc_info=exc)
-                self.caller_left = self._left()
+                self.left()
                 return web.Response(status=499)
             raise
         finally:
             self._poller.discard(self)
             self._uncancel()
         return response
+
+    def _check_in_time(self, response: web.StreamResponse) -> None:
+        """Nobody waits for an answer begun after the deadline (a handler that caught its
+        call's timeout, or ran without a checkpoint): 504, whichever timer ran first."""
+        frame = self.frame
+        if not response.prepared and frame is not None and frame.at <= _clock.now():
+            raise exceeded(frame)
 
     async def _send_made_later(self, response: web.StreamResponse) -> None:
         """Send a body aiohttp would make after we return, outside the deadline and the
@@ -417,54 +418,56 @@ class _Watch:
         host = self._host
         if host is None or host.done():
             return
-        self.caller_left = self._left()
-        host.cancel(msg=self.caller_left)
+        host.cancel(msg=self.left())
         self._cancels += 1
 
     def await_upgrade(self) -> None:
-        """Lift the deadline once the handler prepares a `WebSocketResponse`: a session
+        """Leave the deadline once the handler prepares a `WebSocketResponse`: a session
         outlives any request budget, but a request that merely asks to upgrade keeps it.
 
-        aiohttp calls the request's `_prepare_hook` from inside the handler while it
-        prepares a response; an `on_response_prepare` signal would be the public way,
-        but the app is frozen before its first request. Only requests that ask to
-        upgrade get the hook.
+        aiohttp tells of a prepared response from inside the handler (the request's
+        prepare hook: an ``on_response_prepare`` signal cannot be added once the app is
+        frozen). Only requests that ask to upgrade get the hook, and their handler runs
+        in a context of its own (`_in_session_context`).
         """
-        original = self.request._prepare_hook
+        self.upgrading = True
+        on_prepare(self.request, self._prepared)
 
-        async def hook(response: web.StreamResponse) -> None:
-            await original(response)
-            if isinstance(response, web.WebSocketResponse):
-                self._lift()
+    def _in_session_context(self, handler: Handler) -> asyncio.Task[web.StreamResponse]:
+        """The handler as a task in the session's context, awaited by the request's own
+        task (so the deadline and the caller leaving still cancel it): the deadline can
+        then be left in that context whichever task prepares the socket."""
 
-        vars(self.request)["_prepare_hook"] = hook  # aiohttp's debug mode warns on setattr
+        async def handle() -> web.StreamResponse:
+            return await handler(self.request)
+
+        self._session = contextvars.copy_context()
+        task = asyncio.get_running_loop().create_task(handle(), context=self._session)
+        self._session_task = task
+        return task
+
+    def _prepared(self, response: web.StreamResponse) -> None:
+        if isinstance(response, web.WebSocketResponse):
+            self._lift()
 
     def _lift(self) -> None:
-        request_scope = self._scope
-        if request_scope is None or self.upgraded:
+        if self.frame is None or self.upgraded:
             return
-        timeout = request_scope._timeout
+        timeout = self.timeout
         if timeout is not None:
             if timeout.expired():
                 return  # the deadline came first: it cuts the handshake
             timeout.reschedule(None)
         self.upgraded = True
         self._poller.discard(self)
-        frame = request_scope._frame
-        if frame is not None and frame is not self._outer:  # ours, not an outer scope's
-            # Lifted in every context that holds it (a child task's copy, if the
-            # handler prepares the socket in one); and gone from this one.
-            frame.at = math.inf
-            frame._deadline = None
-            if _frame_var.get() is frame:
-                _frame_var.set(None)
-        self.report.finish("ok")  # the request was the handshake, answered 101
-
-    def _left(self) -> CallerLeft:
-        elapsed = _clock.now() - self.report.started
-        return CallerLeft(
-            f"the caller left after {elapsed * 1000:.0f} ms, before the response was complete"
-        )
+        # Leave the request's deadline in the handler's context (tasks it started
+        # before keep theirs: a deadline only ever shrinks). Prepared in a task of the
+        # handler's own, that context is not running, and is entered here.
+        if asyncio.current_task() is self._session_task:
+            frame_var.set(self._outer)
+        elif self._session is not None:
+            self._session.run(frame_var.set, self._outer)
+        self.finish("ok")  # the request was the handshake, answered 101
 
     def _uncancel(self) -> None:
         while self._cancels and self._host is not None:

@@ -78,7 +78,7 @@ def _on_publish(headers: MutableMapping[str, Any] | None = None, **_: Any) -> No
         return
     stamped = jobs.stamp({jobs.FIELD: headers[jobs.FIELD]} if jobs.FIELD in headers else {})
     at = stamped.get(jobs.FIELD)
-    valid = jobs._parse(at)[1] is None
+    valid = jobs.parse(at)[1] is None
     if at is None or not valid:
         return  # no deadline anywhere, or a bad header the worker will count
     headers[jobs.FIELD] = at
@@ -142,11 +142,11 @@ def _on_revoked(
     """``task_revoked``: a stamped task that Celery expired was dropped; count it."""
     if not expired or not isinstance(sender, DeadlineTask) or request is None:
         return
-    deadline, wall, problem = jobs._resolve(
+    deadline, wall, problem = jobs.resolve(
         {jobs.FIELD: getattr(request, jobs.FIELD, None)}, sender.deadline_default, None
     )
     if problem is None:
-        jobs._drop(_queue_of(request), deadline, wall)
+        jobs.drop(_queue_of(request), deadline, wall)
 
 
 signals.task_revoked.connect(_on_revoked, weak=False, dispatch_uid="deadlines.celery.revoked")

@@ -31,14 +31,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from datetime import timedelta
 from typing import Any
 
-from . import _clock, _inbound, _validate, wire
+from . import _clock, _validate, wire
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
-from ._inbound import Limits
-from ._scope import _Frame
-from ._scope import _frame as _frame_var
-from ._scope import scope as deadline_scope
+from ._inbound import UNMATCHED, Limits, RouteTable, header_name
+from ._request import Request, answer_outcome, budget, deadline_outcome
+from ._scope import Frame, frame_var
 
 try:
     from asgiref.sync import iscoroutinefunction, markcoroutinefunction
@@ -54,15 +53,14 @@ _OPTIONS = frozenset({"default", "maximum", "reserve", "header", "routes"})
 _ATTRIBUTE = "_deadlines"
 
 
-class _Request:
-    """One request's budget, its limits and its report to the event stream."""
+class _Request(Request):
+    """One request's deadline (`Request`), the headers and limits its 504 names."""
 
-    __slots__ = ("budget", "headers", "limits", "report", "started", "timed_out")
-
-    def __init__(self, headers: dict[str, str], limits_: Limits, budget: float, route: str) -> None:
-        self.started = _clock.now()
-        self.headers, self.limits, self.budget = headers, limits_, budget
-        self.report = _inbound.Report(route, budget, self.started)
+    def __init__(
+        self, route: str, budget: float, started: float, asked: dict[str, str], limits_: Limits
+    ) -> None:
+        super().__init__(route, budget, started)
+        self.asked, self.limits = asked, limits_
         self.timed_out: DeadlineExceeded | None = None
 
 
@@ -89,10 +87,10 @@ class DeadlineMiddleware:
             )
         fallback = Limits(default=options["default"], maximum=options["maximum"])
         routes: Mapping[str, Limits] | None = options.get("routes")
-        self._table = _inbound.RouteTable(routes, fallback)
+        self._table = RouteTable(routes, fallback)
         reserve: float | timedelta = options.get("reserve", 0.05)
         self._reserve = _validate.seconds(reserve, "reserve")
-        self._header = _inbound.header_name(options.get("header", wire.HEADER))
+        self._header = header_name(options.get("header", wire.HEADER))
         self._keys = [
             (_meta_key(self._header), wire.HEADER),
             (_meta_key(wire.GRPC_HEADER), wire.GRPC_HEADER),
@@ -108,41 +106,39 @@ class DeadlineMiddleware:
             return self._acall(request)
         info = self._arrive(request)
         if info.budget <= 0.0:
-            info.report.finish("budget_exhausted")
+            info.finish("budget_exhausted")
             return self._timeout(info)
-        request_scope = deadline_scope(info.budget)
         try:
-            with request_scope:
+            with info as frame:
                 response = self.get_response(request)
         except DeadlineExceeded as exc:  # raised by a middleware after this one
-            info.report.finish(_inbound.deadline_outcome(exc))
+            info.finish(deadline_outcome(exc))
             return self._timeout(info)
         except BaseException:
-            info.report.finish("error")
+            info.finish("error")
             raise
-        return self._answered(info, response, request_scope._frame)
+        return self._answered(info, response, frame)
 
     async def _acall(self, request: HttpRequest) -> HttpResponseBase:
         info = self._arrive(request)
         if info.budget <= 0.0:
-            info.report.finish("budget_exhausted")
+            info.finish("budget_exhausted")
             return self._timeout(info)
-        request_scope = deadline_scope(info.budget)
         try:
-            async with request_scope:
+            async with info as frame:
                 get_response: Callable[[HttpRequest], Awaitable[HttpResponseBase]]
                 get_response = self.get_response
                 response = await get_response(request)
         except DeadlineExceeded as exc:  # the view was cancelled at the deadline
-            info.report.finish(_inbound.deadline_outcome(exc))
+            info.finish(deadline_outcome(exc))
             return self._timeout(info)
         except asyncio.CancelledError:  # Django cancels the view when the caller leaves
-            info.report.finish("caller_left")
+            info.finish("caller_left")
             raise
         except BaseException:
-            info.report.finish("error")
+            info.finish("error")
             raise
-        return self._answered(info, response, request_scope._frame)
+        return self._answered(info, response, frame)
 
     def process_exception(
         self, request: HttpRequest, exception: Exception
@@ -155,34 +151,31 @@ class DeadlineMiddleware:
         return self._timeout(info)
 
     def _arrive(self, request: HttpRequest) -> _Request:
+        started = _clock.now()
         meta = request.META
-        headers = {name: meta[key] for key, name in self._keys if key in meta}
+        asked = {name: meta[key] for key, name in self._keys if key in meta}
         pattern, limits_ = self._table.match(request.method or "GET", request.path_info)
-        budget = _inbound.budget(headers.items(), limits_, self._reserve)
-        info = _Request(headers, limits_, budget, pattern or _inbound.UNMATCHED)
+        budget_ = budget(wire.header_budget(asked), limits_, self._reserve)
+        info = _Request(pattern or UNMATCHED, budget_, started, asked, limits_)
         setattr(request, _ATTRIBUTE, info)
         return info
 
     def _timeout(self, info: _Request) -> HttpResponse:
-        body = _inbound.timeout_body(
-            limit=_inbound.binding_limit(info.headers.items(), info.limits, self._header),
-            budget=info.budget,
-            elapsed=_clock.now() - info.started,
-        )
+        body = info.timeout_body(info.asked.items(), info.limits, self._header)
         response = HttpResponse(body, status=504, content_type="application/json")
         response["Cache-Control"] = "no-store"
         return response
 
     def _answered(
-        self, info: _Request, response: HttpResponseBase, frame: _Frame | None
+        self, info: _Request, response: HttpResponseBase, frame: Frame | None
     ) -> HttpResponseBase:
         """Report the outcome now, or for a streamed body when it ends."""
         if info.timed_out is not None:  # process_exception answered 504
-            info.report.finish(_inbound.deadline_outcome(info.timed_out))
+            info.finish(deadline_outcome(info.timed_out))
             return response
-        outcome = _inbound.answer_outcome(response.status_code)
+        outcome = answer_outcome(response.status_code)
         if not getattr(response, "streaming", False) or frame is None:
-            info.report.finish(outcome)
+            info.finish(outcome)
             return response
         content = response.streaming_content
         if getattr(response, "is_async", False):
@@ -197,47 +190,47 @@ def _meta_key(header: str) -> str:
 
 
 def _stream(
-    content: Iterator[bytes], frame: _Frame, info: _Request, outcome: RequestOutcome
+    content: Iterator[bytes], frame: Frame, info: _Request, outcome: RequestOutcome
 ) -> Iterator[bytes]:
     """A sync streamed body, each chunk made under the request's deadline."""
     ended = False
     try:
         while True:
-            token = _frame_var.set(frame)
+            token = frame_var.set(frame)
             try:
                 chunk = next(content)
             except StopIteration:
                 ended = True
                 return
             finally:
-                _frame_var.reset(token)
+                frame_var.reset(token)
             yield chunk
     except DeadlineExceeded as exc:  # the headers are out: the server drops the connection
-        info.report.finish(_inbound.deadline_outcome(exc))
+        info.finish(deadline_outcome(exc))
         raise
     finally:
         # A body the server stopped reading before its end: the caller went away.
-        info.report.finish(outcome if ended else "caller_left")
+        info.finish(outcome if ended else "caller_left")
 
 
 async def _stream_async(
-    content: AsyncIterator[bytes], frame: _Frame, info: _Request, outcome: RequestOutcome
+    content: AsyncIterator[bytes], frame: Frame, info: _Request, outcome: RequestOutcome
 ) -> AsyncIterator[bytes]:
     """An async streamed body, each chunk made under the request's deadline."""
     ended = False
     try:
         while True:
-            token = _frame_var.set(frame)
+            token = frame_var.set(frame)
             try:
                 chunk = await anext(content)
             except StopAsyncIteration:
                 ended = True
                 return
             finally:
-                _frame_var.reset(token)
+                frame_var.reset(token)
             yield chunk
     except DeadlineExceeded as exc:
-        info.report.finish(_inbound.deadline_outcome(exc))
+        info.finish(deadline_outcome(exc))
         raise
     finally:
-        info.report.finish(outcome if ended else "caller_left")
+        info.finish(outcome if ended else "caller_left")

@@ -67,14 +67,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mappi
 from datetime import timedelta
 from typing import Any, NoReturn
 
-from . import _clock, _events, _inbound, _validate, wire
+from . import _clock, _events, _validate, wire
 from ._budget import CallBudget
 from ._dependency import Dependency
 from ._errors import DeadlineExceeded, TotalTimeout
 from ._events import RequestOutcome
 from ._extras import missing
-from ._inbound import Limits
-from ._scope import scope as deadline_scope
+from ._inbound import UNMATCHED, Limits, RouteTable
+from ._private.grpc import done_writing
+from ._request import Request, budget, deadline_outcome
 
 try:
     import grpc
@@ -103,7 +104,7 @@ class DeadlineInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         reserve: float | timedelta = 0.05,
         routes: Mapping[str, Limits] | None = None,
     ) -> None:
-        self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
+        self._table = RouteTable(routes, Limits(default=default, maximum=maximum))
         self._reserve = _validate.seconds(reserve, "reserve")
 
     async def intercept_service(
@@ -120,7 +121,7 @@ class DeadlineInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         header = wire.header_budget(metadata)
         if handler is None:
             if _events.active():
-                _Rpc(_inbound.UNMATCHED, limits_, self._reserve, header, started).report_unknown()
+                _Rpc(UNMATCHED, limits_, self._reserve, header, started).report_unknown()
             return None  # grpc.aio answers UNIMPLEMENTED
         rpc = _Rpc(method, limits_, self._reserve, header, started)
         for kind in ("unary_unary", "unary_stream", "stream_unary", "stream_stream"):
@@ -198,15 +199,12 @@ class _Rpc:
         # However long a caller asks for (a year, `inf`), the maximum caps it, as
         # `wire.inbound_budget` caps a header: more than the maximum is the maximum.
         found = [v for v in (left, self.header) if v is not None and not math.isnan(v)]
-        chosen = self.limits.default if not found else min(min(found), self.limits.maximum)
-        return max(0.0, chosen - self.reserve)
+        return budget(min(found) if found else None, self.limits, self.reserve)
 
     def report_unknown(self) -> None:
         """Events for an RPC to a method the server does not know (UNIMPLEMENTED: 501)."""
-        budget = self.budget(None)  # the caller's grpc-timeout is not known before a handler
-        _events.emit(_events.RequestStarted(self.method, budget))
-        duration = _clock.now() - self.arrived
-        _events.emit(_events.RequestFinished(self.method, "error", duration, budget))
+        # The caller's grpc-timeout is not known before a handler.
+        Request(self.method, self.budget(None), self.arrived).finish("error")
 
     def wrap(self, behavior: Any, streams_out: bool) -> Callable[[Any, Any], Any]:
         """The handler's `behavior` run under the deadline, in the same shape (coroutine
@@ -218,17 +216,17 @@ class _Rpc:
             # `time_remaining()` is read now, so it is moved back to the arrival.
             waited = _clock.now() - self.arrived
             left = context.time_remaining()
-            budget = self.budget(None if left is None else left + waited)
-            if _events.active():
-                _events.emit(_events.RequestStarted(self.method, budget))
+            rpc = Request(
+                self.method, self.budget(None if left is None else left + waited), self.arrived
+            )
             outcome: RequestOutcome = "error"
             try:
-                if budget <= 0.0:
+                if rpc.budget <= 0.0:
                     outcome = "budget_exhausted"
                     await context.abort(
                         grpc.StatusCode.DEADLINE_EXCEEDED, "deadline exceeded on arrival"
                     )
-                if budget <= waited:
+                if rpc.budget <= waited:
                     outcome = "deadline"
                     await context.abort(
                         grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -236,7 +234,7 @@ class _Rpc:
                     )
                 result: Any = None
                 try:
-                    async with deadline_scope(budget - waited):
+                    async with rpc:
                         result = behavior(request, context)
                         if not streams_out:
                             answer = await result
@@ -247,7 +245,7 @@ class _Rpc:
                         else:
                             answer = await result
                 except DeadlineExceeded as exc:
-                    outcome = _inbound.deadline_outcome(exc)
+                    outcome = deadline_outcome(exc)
                     if not streams_out:
                         await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
                     # A streaming reply may be stuck behind flow control (a caller that
@@ -275,9 +273,7 @@ class _Rpc:
                 outcome = _status_outcome(context.code())  # set_code, then return
                 return answer
             finally:
-                if _events.active():
-                    duration = _clock.now() - self.arrived
-                    _events.emit(_events.RequestFinished(self.method, outcome, duration, budget))
+                rpc.finish(outcome)
 
         if not inspect.isasyncgenfunction(behavior):
             return run
@@ -339,7 +335,7 @@ class _Call:
         not retry-safe. Observers hear of its end however the caller uses it."""
         self.budget.request_sent = True
         self.budget.phase = "body"
-        if _events._observers:
+        if _events.observers:
             self.budget.__enter__()  # CallStarted; `finish` reports the end, once
             self._follow(real)
 
@@ -395,7 +391,7 @@ class _Call:
         loop = asyncio.get_running_loop()
 
         def ended(_: Any) -> None:
-            if not self.budget._finished:
+            if not self.budget.finished:
                 task = loop.create_task(self._report(real))
                 _REPORTS.add(task)
                 task.add_done_callback(_REPORTS.discard)
@@ -486,7 +482,7 @@ class _StreamUnaryAnswer(_Answer, grpc.aio.StreamUnaryCall):  # type: ignore[mis
     @property
     def _done_writing_flag(self) -> bool:
         # grpc.aio's own write() proxy reads it from the call the interceptors return.
-        return bool(getattr(self._call, "_done_writing_flag", False))
+        return done_writing(self._call)
 
 
 class _Interceptor:

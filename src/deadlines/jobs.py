@@ -130,7 +130,7 @@ def stamp(
     result = dict(payload)
     at = deadline_at(deadline=deadline)
     if at is not None:
-        earlier, problem = _parse(result.get(FIELD))
+        earlier, problem = parse(result.get(FIELD))
         result[FIELD] = at if problem is not None or earlier is None else min(at, earlier)
     return result
 
@@ -144,7 +144,7 @@ def headers(*, deadline: Deadline | float | timedelta | None = None) -> dict[str
 # Reading, in the worker.
 
 
-def _parse(value: object) -> tuple[float | None, Problem | None]:
+def parse(value: object) -> tuple[float | None, Problem | None]:
     """The stored Unix time, or what is wrong with it."""
     if value is None:
         return None, "missing"
@@ -177,10 +177,10 @@ def _lookup(source: Mapping[str, Any]) -> object:
     return None
 
 
-def _resolve(
+def resolve(
     source: Mapping[str, Any], default: float, maximum: float | None
 ) -> tuple[Deadline, float | None, Problem | None]:
-    wall, problem = _parse(_lookup(source))
+    wall, problem = parse(_lookup(source))
     deadline = Deadline.after(default) if wall is None else Deadline.from_wall(wall)
     if maximum is not None:
         deadline = deadline.shrink(maximum)
@@ -201,7 +201,7 @@ def deadline_of(
     """
     limit = _validate.seconds(default, "default", allow_zero=False)
     cap = None if maximum is None else _validate.seconds(maximum, "maximum", allow_zero=False)
-    return _resolve(source, limit, cap)[0]
+    return resolve(source, limit, cap)[0]
 
 
 # Counting.
@@ -226,7 +226,7 @@ _counts: dict[str, JobCounts] = {}
 _counts_lock = threading.Lock()
 
 
-def _count(queue: str, **increments: int) -> None:
+def count(queue: str, **increments: int) -> None:
     with _counts_lock:
         old = _counts.get(queue, JobCounts())
         _counts[queue] = JobCounts(
@@ -255,22 +255,22 @@ def reset_counts() -> None:
         _counts.clear()
 
 
-def _drop(queue: str, deadline: Deadline, wall: float | None) -> JobExpired:
+def drop(queue: str, deadline: Deadline, wall: float | None) -> JobExpired:
     """Count and report a job dropped before running; the error for the queue to mark it."""
     late = _clock.now() - deadline.instant
-    _count(queue, dropped=1)
+    count(queue, dropped=1)
     if _events.active():
         _events.emit(_events.JobDropped(queue, late))
     return JobExpired(queue=queue, late=late, deadline_at=wall)
 
 
-def _admit(
+def admit(
     queue: str, deadline: Deadline, wall: float | None, problem: Problem | None, min_useful: float
 ) -> None:
     """Raise `JobExpired` for a job that cannot run any more, else count it as started."""
     if deadline.remaining() <= min_useful:
-        raise _drop(queue, deadline, wall)
-    _count(queue, started=1, defaulted=int(problem is not None))
+        raise drop(queue, deadline, wall)
+    count(queue, started=1, defaulted=int(problem is not None))
 
 
 # Running.
@@ -310,15 +310,15 @@ class scope:
         self.min_useful = _validate.seconds(min_useful, "min_useful")
         self._queue = queue
         #: The job's local deadline, fixed when the job is taken (before the scope is entered).
-        self.deadline, self._wall, self._problem = _resolve(source, limit, cap)
+        self.deadline, self._wall, self._problem = resolve(source, limit, cap)
         self._inner = _scope.scope(deadline=self.deadline)
 
     def _admit(self) -> None:
-        _admit(self._queue, self.deadline, self._wall, self._problem, self.min_useful)
+        admit(self._queue, self.deadline, self._wall, self._problem, self.min_useful)
 
     def _exited(self, exc: BaseException | None) -> None:
         if isinstance(exc, DeadlineExceeded) or self.deadline.expired:
-            _count(self._queue, exceeded=1)
+            count(self._queue, exceeded=1)
 
     def __enter__(self) -> Deadline:
         self._admit()

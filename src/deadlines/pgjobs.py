@@ -225,7 +225,7 @@ class JobTable:
                 return None
             deadline, problem = _deadline(row["left"], default, maximum)
             try:
-                jobs._admit(queue, deadline, row["wall"], problem, min_useful)
+                jobs.admit(queue, deadline, row["wall"], problem, min_useful)
             except jobs.JobExpired as exc:
                 await self._settle(conn, row["id"], "expired", str(exc))
                 return "expired"
@@ -239,7 +239,7 @@ class JobTable:
             )
             status, error = await _run(job, handler)
             if status == "timeout":
-                jobs._count(queue, exceeded=1)
+                jobs.count(queue, exceeded=1)
             await self._settle(conn, job.id, status, error)
             return status
 

@@ -143,7 +143,7 @@ def _sleep_for(delay: float) -> float:
 
 
 async def _async_sleep(seconds: float) -> None:
-    trio = _scope._running_trio()
+    trio = _scope.running_trio()
     if trio is not None:
         await trio.sleep(seconds)
     else:

@@ -189,7 +189,7 @@ async def _within(budget: CallBudget, which: _Which, awaitable: Awaitable[T]) ->
         if inspect.iscoroutine(awaitable):
             awaitable.close()
         raise _timeout(budget, which)
-    canceller = _scope._Canceller.start(limit)
+    canceller = _scope.Canceller.start(limit)
     try:
         result = await awaitable
     except BaseException as exc:
@@ -225,7 +225,7 @@ async def _shielded(coro: Awaitable[None]) -> None:
     Under trio a cancelled scope cancels every later checkpoint, so closing needs a
     shield; asyncio delivers a cancellation once, so a plain bounded wait is enough.
     """
-    trio = _scope._running_trio()
+    trio = _scope.running_trio()
     if trio is not None:
         with trio.move_on_after(CLOSE_GRACE) as cleanup:
             cleanup.shield = True

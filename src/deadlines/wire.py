@@ -171,9 +171,18 @@ def inbound_budget(
     reserve = _validate.seconds(reserve, "reserve")
     if default > maximum:
         raise ValueError(f"default ({default} s) must not exceed maximum ({maximum} s)")
-    found = header_budget(headers)
-    budget = default if found is None else min(found, maximum)
-    return max(0.0, budget - reserve)
+    return capped_budget(header_budget(headers), default=default, maximum=maximum, reserve=reserve)
+
+
+def capped_budget(found: float | None, *, default: float, maximum: float, reserve: float) -> float:
+    """`inbound_budget`'s rule on a deadline already read from the headers (None: none).
+
+    For the inbound middlewares, which read the headers their own way and validated
+    their limits once: ``min(found, maximum)``, or `default`, minus `reserve`; >= 0.
+    """
+    chosen = default if found is None else (found if found < maximum else maximum)
+    chosen -= reserve
+    return chosen if chosen > 0.0 else 0.0
 
 
 def outbound_headers(seconds: float) -> dict[str, str]:

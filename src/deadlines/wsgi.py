@@ -40,13 +40,12 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-from . import _clock, _inbound, _validate, wire
+from . import _clock, _validate, wire
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
-from ._inbound import Limits, limits
-from ._scope import _Frame
-from ._scope import _frame as _frame_var
-from ._scope import scope as deadline_scope
+from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, timeout_body
+from ._request import Request, budget, deadline_outcome
+from ._scope import Frame, frame_var
 
 __all__ = ["DeadlineMiddleware", "Limits", "limits", "timeout_response"]
 
@@ -56,26 +55,22 @@ StartResponse = Callable[..., Callable[[bytes], object]]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
 
-class _Request:
-    """What the middleware knows about the current request, for `timeout_response` and
-    the outcome; called as the app's `start_response`, it notes the status it passes on."""
-
-    __slots__ = (
-        "budget", "header", "headers", "limits", "start_response", "started", "status",
-        "timed_out",
-    )  # fmt: skip
+class _Request(Request):
+    """The request's deadline (`Request`) and what `timeout_response` needs; called as
+    the app's `start_response`, it notes the status it passes on."""
 
     def __init__(
         self,
-        headers: dict[str, str],
-        limits_: Limits,
+        route: str,
         budget: float,
         started: float,
+        asked: dict[str, str],
+        limits_: Limits,
         header: str,
         start_response: StartResponse,
     ) -> None:
-        self.headers, self.limits, self.budget = headers, limits_, budget
-        self.started, self.header = started, header
+        super().__init__(route, budget, started)
+        self.asked, self.limits, self.header = asked, limits_, header
         self.start_response = start_response
         self.status = ""
         self.timed_out: DeadlineExceeded | None = None
@@ -90,15 +85,11 @@ class _Request:
         """How a request the app answered ended: a 5xx it answered is an error (Flask
         and Django turn exceptions into a 500 themselves), our 504 a deadline."""
         if self.timed_out is not None:  # the app's error handler answered 504 for us
-            return _inbound.deadline_outcome(self.timed_out)
+            return deadline_outcome(self.timed_out)
         return "error" if self.status[:1] == "5" else "ok"
 
     def body(self) -> bytes:
-        return _inbound.timeout_body(
-            limit=_inbound.binding_limit(self.headers.items(), self.limits, self.header),
-            budget=self.budget,
-            elapsed=_clock.now() - self.started,
-        )
+        return self.timeout_body(self.asked.items(), self.limits, self.header)
 
 
 _request: contextvars.ContextVar[_Request | None] = contextvars.ContextVar(
@@ -118,7 +109,7 @@ def timeout_response(exc: DeadlineExceeded) -> tuple[bytes, int, list[tuple[str,
     info = _request.get()
     if info is None:
         budget = exc.limit or 0.0
-        body = _inbound.timeout_body(limit="deadline", budget=budget, elapsed=exc.elapsed or 0.0)
+        body = timeout_body(limit="deadline", budget=budget, elapsed=exc.elapsed or 0.0)
     else:
         info.timed_out = exc
         body = info.body()
@@ -150,9 +141,9 @@ class DeadlineMiddleware:
         if not callable(app):
             raise TypeError(f"app must be a WSGI callable, not {app!r}")
         self.app = app
-        self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
+        self._table = RouteTable(routes, Limits(default=default, maximum=maximum))
         self._reserve = _validate.seconds(reserve, "reserve")
-        self._header = _inbound.header_name(header)
+        self._header = header_name(header)
         # Where each understood header sits in the environ, and the name it stands for.
         self._keys = [
             (_environ_key(self._header), wire.HEADER),
@@ -163,40 +154,38 @@ class DeadlineMiddleware:
     def __call__(self, environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         """Run the app for one request under its deadline."""
         started = _clock.now()
-        headers = {name: environ[key] for key, name in self._keys if key in environ}
+        asked = {name: environ[key] for key, name in self._keys if key in environ}
         pattern, limits_ = self._table.match(
             environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", "/")
         )
-        route = pattern or _inbound.UNMATCHED
-        budget = _inbound.budget(headers.items(), limits_, self._reserve)
-        report = _inbound.Report(route, budget, started)
-        info = _Request(headers, limits_, budget, started, self._header, start_response)
-        if budget <= 0.0:
-            report.finish("budget_exhausted")
+        budget_ = budget(wire.header_budget(asked), limits_, self._reserve)
+        info = _Request(
+            pattern or UNMATCHED, budget_, started, asked, limits_, self._header, start_response
+        )
+        if budget_ <= 0.0:
+            info.finish("budget_exhausted")
             return _timeout(start_response, info, None)
         token = _request.set(info)
-        request_scope = deadline_scope(budget)
+        frame = info.enter()
         try:
-            with request_scope:
-                result = self.app(environ, info)
+            result = self.app(environ, info)
         except DeadlineExceeded as exc:
-            report.finish(_inbound.deadline_outcome(exc))
+            info.finish(deadline_outcome(exc))
             return _timeout(start_response, info, sys.exc_info())  # type: ignore[arg-type]
         except BaseException:
-            report.finish("error")
+            info.finish("error")
             raise
         finally:
+            info.leave(None, None)
             _request.reset(token)
         wrapper = environ.get("wsgi.file_wrapper")
         if isinstance(wrapper, type) and isinstance(result, wrapper):
             # The server sends the file itself (sendfile), past the deadline's reach:
             # wrapping it would hide it from the server's fast path.
-            report.finish(info.outcome())
+            info.finish(info.outcome())
             return result
-        frame = request_scope._frame
-        assert frame is not None
         body = _SizedBody if hasattr(result, "__len__") else _Body
-        return body(result, frame, report, info, start_response)
+        return body(result, frame, info, start_response)
 
 
 def _timeout(
@@ -226,15 +215,13 @@ class _Body:
     def __init__(
         self,
         result: Iterable[bytes],
-        frame: _Frame,
-        report: _inbound.Report,
+        frame: Frame,
         info: _Request,
         start_response: StartResponse,
     ) -> None:
         self._result = result
         self._iterator: Iterator[bytes] | None = None
         self._frame = frame
-        self._report = report
         self._info = info
         self._start_response = start_response
         self._sent = False  # a non-empty chunk went out: the headers are on the wire
@@ -246,7 +233,7 @@ class _Body:
     def __next__(self) -> bytes:
         if self._ended:
             raise StopIteration
-        token = _frame_var.set(self._frame)
+        token = frame_var.set(self._frame)
         try:
             if self._iterator is None:
                 self._iterator = iter(self._result)
@@ -256,17 +243,17 @@ class _Body:
             self._finish()
             raise
         except DeadlineExceeded as exc:
-            self._report.finish(_inbound.deadline_outcome(exc))
+            self._info.finish(deadline_outcome(exc))
             if self._sent:
                 raise  # the body is half out: the server drops the connection
             self._ended = True
             (body,) = _timeout(self._start_response, self._info, sys.exc_info())  # type: ignore[arg-type]
             return body
         except BaseException:
-            self._report.finish("error")
+            self._info.finish("error")
             raise
         finally:
-            _frame_var.reset(token)
+            frame_var.reset(token)
         if chunk:
             self._sent = True
         return chunk
@@ -277,19 +264,19 @@ class _Body:
         try:
             close = getattr(self._result, "close", None)
             if close is not None:
-                token = _frame_var.set(self._frame)
+                token = frame_var.set(self._frame)
                 try:
                     close()
                 finally:
-                    _frame_var.reset(token)
+                    frame_var.reset(token)
         finally:
             if self._ended:
                 self._finish()
             else:  # servers read a body to its end unless the client went away
-                self._report.finish("caller_left")
+                self._info.finish("caller_left")
 
     def _finish(self) -> None:
-        self._report.finish(self._info.outcome())
+        self._info.finish(self._info.outcome())
 
 
 class _SizedBody(_Body):

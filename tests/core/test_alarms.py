@@ -15,7 +15,7 @@ import weakref
 import pytest
 
 import deadlines
-from deadlines._alarms import Timeout, _clock_for
+from deadlines._alarms import Timeout, clock_for
 from deadlines.testing import FakeClock
 
 
@@ -194,7 +194,7 @@ def test_dead_entries_do_not_pile_up() -> None:
             for _ in range(10_000):
                 async with Timeout(loop.time() + 30):
                     pass
-            return len(_clock_for(loop)._heap)
+            return len(clock_for(loop)._heap)
 
     size = _fake(main())
     assert isinstance(size, int) and size <= 256

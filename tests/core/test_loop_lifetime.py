@@ -114,15 +114,15 @@ def _main_loops_while_running(
             while not release.is_set():
                 await asyncio.sleep(0.005)
 
-    async def clock() -> _alarms._LoopClock:
-        return _alarms._clock_for(asyncio.get_running_loop())
+    async def clock() -> _alarms.LoopClock:
+        return _alarms.clock_for(asyncio.get_running_loop())
 
-    async def fire() -> _alarms._LoopClock:
+    async def fire() -> _alarms.LoopClock:
         loop = asyncio.get_running_loop()
         with pytest.raises(TimeoutError):
             async with Timeout(loop.time() + 0.01):
                 await asyncio.sleep(10)
-        return _alarms._clock_for(loop)
+        return _alarms.clock_for(loop)
 
     held = asyncio.run_coroutine_threadsafe(hold(), other)
     before = asyncio.run_coroutine_threadsafe(clock(), other).result(5)

@@ -131,6 +131,18 @@ def build(record: Record, deadline: DeadlineMiddleware) -> web.Application:
             await ws.send_str(f"{message.data}:{deadlines.remaining()}")
         return ws
 
+    async def session_with_a_helper(request: web.Request) -> web.WebSocketResponse:
+        async def helper() -> float:
+            await asyncio.sleep(0.6)  # past the request's budget
+            return deadlines.remaining()
+
+        started = asyncio.create_task(helper())  # under the request's deadline
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        await ws.send_str(f"{await started}:{deadlines.remaining()}")
+        await ws.close()
+        return ws
+
     @web.middleware
     async def in_a_task(request: web.Request, handler: Handler) -> web.StreamResponse:
         """An outer middleware running the rest in a task of its own (wait_for does)."""
@@ -144,6 +156,7 @@ def build(record: Record, deadline: DeadlineMiddleware) -> web.Application:
     app.router.add_get("/missing", missing)
     app.router.add_get("/old", old_http)
     app.router.add_get("/session", session_in_a_task)
+    app.router.add_get("/helper", session_with_a_helper)
     app.router.add_get("/export", export)
     app.router.add_get("/feed", feed)
     app.router.add_get("/short", short)
@@ -335,6 +348,18 @@ def test_websocket_prepared_in_a_child_task_has_no_deadline(port: int) -> None:
             return str(await asyncio.wait_for(ws.receive_str(), 5))
 
     assert asyncio.run(chat()) == "hello:inf"
+
+
+def test_websocket_leaves_the_deadline_only_in_its_handlers_context(port: int) -> None:
+    """The session leaves the request's deadline; a task the handler started before it
+    keeps that deadline (a deadline only ever shrinks)."""
+
+    async def chat() -> str:
+        url = f"http://127.0.0.1:{port}/helper"
+        async with aiohttp.ClientSession() as session, session.ws_connect(url) as ws:
+            return str(await asyncio.wait_for(ws.receive_str(), 5))
+
+    assert asyncio.run(chat()) == "0.0:inf"
 
 
 def read_until_closed(sock: socket.socket) -> bytes:

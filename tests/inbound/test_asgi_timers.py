@@ -30,8 +30,9 @@ from .conftest import serve_uvicorn
 
 
 def _armed() -> int:
-    """Deadline timers armed on the running loop."""
-    return _alarms._clock_for(asyncio.get_running_loop())._live
+    """Deadline timers armed on the running loop (not the sweeper's)."""
+    heap = _alarms.clock_for(asyncio.get_running_loop())._heap
+    return sum(isinstance(entry[2], _alarms.Timeout) for entry in heap)
 
 
 async def _quick(request: Request) -> JSONResponse:

@@ -254,7 +254,7 @@ def test_one_instance_serves_many_requests(server: Served, events: Events) -> No
     assert middleware._sweeper is None  # only loops with a `_thread_id` are remembered
     [(loop, sweeper)] = middleware._sweepers.items()
     assert isinstance(loop, uvloop.Loop)
-    assert sweeper._pending == {}
+    assert sweeper.pending == {}
 
 
 def outbound_app(record: Record) -> Starlette:

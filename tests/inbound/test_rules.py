@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from deadlines import wire
-from deadlines._inbound import Limits, RouteTable, budget, limits, limits_of, timeout_body
+from deadlines._inbound import Limits, RouteTable, limits, limits_of, timeout_body
+from deadlines._request import budget
 
 VALUES = st.one_of(
     st.integers(min_value=-5, max_value=10**14).map(str),
@@ -38,7 +39,8 @@ def test_budget_matches_wire_inbound_budget(
         found = [(k.encode(), v.encode("utf-8", "surrogatepass")) for k, v in pairs]
     maximum = default + extra
     expected = wire.inbound_budget(found, default=default, maximum=maximum, reserve=reserve)
-    assert budget(found, Limits(default=default, maximum=maximum), reserve) == expected
+    limits_ = Limits(default=default, maximum=maximum)
+    assert budget(wire.header_budget(found), limits_, reserve) == expected
 
 
 def test_route_table_precedence() -> None:
