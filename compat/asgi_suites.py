@@ -1,6 +1,7 @@
 """Starlette's and FastAPI's own tests, run with `DeadlineMiddleware` around every app.
 
     pip install python-multipart dirty-equals inline-snapshot pytest-xdist   # their tests
+    pip install pyjwt "pwdlib[argon2]" a2wsgi           # optional: more of FastAPI's
     python compat/asgi_suites.py                        # Starlette, then FastAPI
     python compat/asgi_suites.py --library fastapi      # one of them
     python compat/asgi_suites.py --keep /tmp/suites     # keep the unpacked sdists
