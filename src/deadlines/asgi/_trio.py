@@ -62,19 +62,17 @@ class TrioExchange(Exchange):
             self.watcher.cancel()
 
     async def send(self, message: Message) -> None:
-        """Pass `message` on, as `Exchange.send` does, with two guards trio needs.
+        """Pass `message` on, as `Exchange.send` does (which answers 504 for a start
+        after the deadline), with a guard trio needs.
 
-        A deadline that passed while the app ran without a checkpoint (a sync endpoint's
-        thread, a shielded block) cuts here, before the server sees the start, so the
-        504 still fits. And over HTTP/1, until a message after the start is through, the
-        server's send is shielded: hypercorn writes the headers with the first body
-        message, and cut half way there, its state and h11's part ways and its trio
-        worker dies trying to answer 500 on a response h11 has begun. (Over HTTP/2 that
-        send may wait for the caller's flow-control window: it stays cancellable.)
+        Over HTTP/1, until a message after the start is through, the server's send is
+        shielded: hypercorn writes the headers with the first body message, and cut half
+        way there, its state and h11's part ways and its trio worker dies trying to
+        answer 500 on a response h11 has begun. (Over HTTP/2 that send may wait for the
+        caller's flow-control window: it stays cancellable.) No checkpoint before the
+        start: a scope of the app's own, cancelled around its send, is not ours to act on.
         """
         kind = message["type"]
-        if kind == "http.response.start":
-            await self._trio.lowlevel.checkpoint_if_cancelled()
         if not self._shield:
             await super().send(message)
             return
