@@ -21,16 +21,16 @@ difference is not listed there, or a listed one passes now.
 from __future__ import annotations
 
 import argparse
-import os
-import subprocess
 import sys
-import tarfile
 import tempfile
-import xml.etree.ElementTree as ElementTree
 from importlib.metadata import version
 from pathlib import Path
 
+from _suite import compare, run, sdist
+
 LIBRARIES = ["starlette", "fastapi"]
+#: A test module that cannot import (an optional package missing) fails alone.
+EVEN_IF = ("--continue-on-collection-errors",)
 
 #: Modules their tests import that neither library depends on (its test dependencies).
 NEEDED = {
@@ -82,73 +82,16 @@ for name in ("httpx", "httpx2"):
 '''
 
 
-def _sdist(library: str, into: Path) -> Path:
-    """Download and unpack the installed version's source distribution; its folder."""
-    wanted = f"{library}=={version(library)}"
-    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-    subprocess.run([*pip, "--quiet", "--dest", str(into), wanted], check=True)
-    (archive,) = into.glob(f"{library}-*.tar.gz")
-    with tarfile.open(archive) as tar:
-        tar.extractall(into, filter="data")
-    folder = into / archive.name.removesuffix(".tar.gz")
-    if not (folder / "tests").is_dir():
-        raise SystemExit(f"{archive.name} has no tests/")
-    return folder
-
-
-def _test_id(folder: Path, classname: str, name: str) -> str:
-    """``tests/test_x.py::TestY::test_z[...]`` from junit's dotted class name."""
-    parts = classname.split(".")
-    for cut in range(len(parts), 0, -1):
-        path = "/".join(parts[:cut]) + ".py"
-        if (folder / path).is_file():
-            return "::".join([path, *parts[cut:], name])
-    return f"{classname}::{name}"  # a module that failed to import
-
-
-def _run(folder: Path, substitute: bool, report: Path) -> dict[str, str]:
-    """Run the suite; each test id's outcome: passed, failed or skipped."""
-    command = [sys.executable, "-m", "pytest", "tests", "-q", "-o", "addopts="]
-    command += ["--junitxml", str(report), "-p", "no:cacheprovider", "-p", "no:randomly"]
-    command += ["--continue-on-collection-errors"]
-    if substitute:
-        command += ["-p", "deadlines_asgi_substitute"]
-    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "PYTHONPATH": path}
-    subprocess.run(command, cwd=folder, env=env, check=False, capture_output=True)
-    outcomes = {}
-    for case in ElementTree.parse(report).getroot().iter("testcase"):
-        name = _test_id(folder, case.get("classname", ""), case.get("name", ""))
-        failed = case.find("failure") is not None or case.find("error") is not None
-        skipped = case.find("skipped") is not None
-        outcomes[name] = "failed" if failed else "skipped" if skipped else "passed"
-    return outcomes
-
-
-def _base(test_id: str) -> str:
-    return test_id.split("[", 1)[0]
-
-
 def _compare(library: str, theirs: dict[str, str], ours: dict[str, str]) -> bool:
     """Print the summary and the differences; whether they are all listed, none stale."""
-    failing = sorted(t for t, outcome in ours.items() if outcome == "failed")
-    differences = [t for t in failing if theirs.get(t) == "passed"]
-    unlisted = [t for t in differences if _base(t) not in DIFFERENCES]
-    # A listed difference is stale once all of its tests pass with the middleware.
-    stale = sorted(
-        base
-        for base in DIFFERENCES
-        if any(_base(t) == base for t in ours)
-        and all(outcome != "failed" for t, outcome in ours.items() if _base(t) == base)
-    )
+    result = compare(theirs, ours, DIFFERENCES)
     failed_as_is = sum(outcome == "failed" for outcome in theirs.values())
+    failing, differ = len(result.failing), len(result.differences)
     print(f"{library} {version(library)}: {len(ours)} tests, {failed_as_is} fail as they are,"
-          f" {len(failing)} with DeadlineMiddleware; {len(differences)} differ")  # fmt: skip
-    for test in differences:
-        print(f"  {test}: {DIFFERENCES.get(_base(test), 'NOT A DOCUMENTED DIFFERENCE')}")
-    for test in stale:
-        print(f"  {test}: listed as a difference, but passes now")
-    return not unlisted and not stale
+          f" {failing} with DeadlineMiddleware; {differ} differ")  # fmt: skip
+    for line in result.lines:
+        print(line)
+    return result.ok
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -171,10 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         for library in libraries:
             into = where / library
             into.mkdir(parents=True, exist_ok=True)
-            folder = _sdist(library, into)
+            folder = sdist(library, into)
             (folder / "deadlines_asgi_substitute.py").write_text(PLUGIN)
-            theirs = _run(folder, substitute=False, report=into / "theirs.xml")
-            ours = _run(folder, substitute=True, report=into / "ours.xml")
+            theirs = run(folder, ["tests"], None, into / "theirs.xml", *EVEN_IF)
+            ours = run(folder, ["tests"], "deadlines_asgi_substitute", into / "ours.xml", *EVEN_IF)
             ok = _compare(library, theirs, ours) and ok
     return 0 if ok else 1
 

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-import tarfile
 import tempfile
-import xml.etree.ElementTree as ElementTree
 from importlib.metadata import version
 from pathlib import Path
+
+from _suite import compare, run, sdist
 
 TESTS = ["tests/client", "tests/test_timeouts.py"]
 
@@ -72,18 +71,6 @@ DIFFERENCES = {
 }
 
 
-def _sdist(library: str, into: Path) -> Path:
-    """Download and unpack the installed version's source distribution; its folder."""
-    wanted = f"{library}=={version(library)}"
-    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:"]
-    subprocess.run([*pip, "--quiet", "--dest", str(into), wanted], check=True)
-    (archive,) = into.glob("*.tar.gz")
-    with tarfile.open(archive) as tar:
-        tar.extractall(into, filter="data")
-    (folder,) = (p for p in into.iterdir() if p.is_dir())
-    return folder
-
-
 def _to_httpx2(tests: Path) -> None:
     """Point httpx's tests at httpx2 and httpcore2 (the same API, renamed)."""
     for path in tests.rglob("*.py"):
@@ -120,32 +107,6 @@ class AsyncClient(ours.AsyncClient):
 '''
 
 
-def _run(folder: Path, substitute: bool, report: Path) -> dict[str, str]:
-    """Run the client tests; each test id's outcome: passed, failed or skipped."""
-    command = [sys.executable, "-m", "pytest", *TESTS, "-q", "-o", "addopts="]
-    command += ["--junitxml", str(report), "-p", "no:cacheprovider", "-p", "no:randomly"]
-    if substitute:
-        command += ["-p", "deadlines_substitute"]
-    subprocess.run(command, cwd=folder, env=_env(folder), check=False, capture_output=True)
-    outcomes = {}
-    for case in ElementTree.parse(report).getroot().iter("testcase"):
-        name = f"{case.get('classname', '').replace('.', '/')}.py::{case.get('name')}"
-        failed = case.find("failure") is not None or case.find("error") is not None
-        skipped = case.find("skipped") is not None
-        outcomes[name] = "failed" if failed else "skipped" if skipped else "passed"
-    return outcomes
-
-
-def _env(folder: Path) -> dict[str, str]:
-    import os
-
-    return {**os.environ, "PYTHONPATH": str(folder)}
-
-
-def _base(test_id: str) -> str:
-    return test_id.split("[", 1)[0]
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run both ways, print the differences, and check them against `DIFFERENCES`."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -161,31 +122,19 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as temporary:
         where = args.keep or Path(temporary)
         where.mkdir(parents=True, exist_ok=True)
-        folder = _sdist("httpx", where)
+        folder = sdist("httpx", where)
         if args.library == "httpx2":
             _to_httpx2(folder / "tests")
         (folder / "deadlines_substitute.py").write_text(_plugin(args.library))
-        theirs = _run(folder, substitute=False, report=where / "theirs.xml")
-        ours = _run(folder, substitute=True, report=where / "ours.xml")
-    failing = sorted(t for t, outcome in ours.items() if outcome == "failed")
-    differences = [t for t in failing if theirs.get(t) == "passed"]
-    both = [t for t in failing if theirs.get(t) == "failed"]
-    unlisted = [t for t in differences if _base(t) not in DIFFERENCES]
-    # A listed difference is stale once all of its tests pass with ours. (One that fails
-    # both ways here, for a reason of this machine's, proves nothing either way.)
-    stale = sorted(
-        base
-        for base in DIFFERENCES
-        if any(_base(t) == base for t in ours)
-        and all(outcome != "failed" for t, outcome in ours.items() if _base(t) == base)
-    )
-    print(f"{args.library} {version(args.library)}: {len(ours)} tests, {len(failing)} fail with"
-          f" deadlines' clients; {len(both)} of them fail with httpx's own too")  # fmt: skip
-    for test in differences:
-        print(f"  {test}: {DIFFERENCES.get(_base(test), 'NOT A DOCUMENTED DIFFERENCE')}")
-    for test in stale:
-        print(f"  {test}: listed as a difference, but passes now")
-    return 1 if unlisted or stale else 0
+        theirs = run(folder, TESTS, None, where / "theirs.xml")
+        ours = run(folder, TESTS, "deadlines_substitute", where / "ours.xml")
+    result = compare(theirs, ours, DIFFERENCES)
+    failing, both = len(result.failing), len(result.both)
+    print(f"{args.library} {version(args.library)}: {len(ours)} tests, {failing} fail with"
+          f" deadlines' clients; {both} of them fail with httpx's own too")  # fmt: skip
+    for line in result.lines:
+        print(line)
+    return 0 if result.ok else 1
 
 
 if __name__ == "__main__":
