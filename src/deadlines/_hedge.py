@@ -20,20 +20,23 @@ class Hedge:
     * inside the deadline: when, at the moment it would go out, the time left exceeds
       the dependency's median latency;
     * within the cap: backups at most `percent` of the calls over `window` seconds, so
-      that a dependency slow for everybody does not get twice the load.
+      that a dependency slow for everybody does not get twice the load, plus
+      ``min_per_second * window`` so that a quiet dependency can still hedge (at 5 %
+      alone, one called less than twice a second over 10 s never could).
 
     Used by the async clients of `deadlines.httpx` and `deadlines.aiohttp`, for
     idempotent methods or requests with an ``Idempotency-Key``, whose body can be sent
     twice. It holds state (the latency it learns): give each dependency its own.
     """
 
-    __slots__ = ("_cap", "latency", "percent", "quantile")
+    __slots__ = ("_cap", "latency", "min_per_second", "percent", "quantile")
 
     def __init__(
         self,
         *,
         quantile: float = 0.95,
         percent: float = 0.05,
+        min_per_second: float = 1.0,
         window: float | timedelta = 10.0,
         samples: int = 256,
         min_samples: int = 20,
@@ -42,7 +45,8 @@ class Hedge:
         self.percent = _validate.fraction(percent, "percent")
         #: The latencies to the response head of the calls that succeeded.
         self.latency = LatencyEstimate(samples, min_samples=min_samples)
-        self._cap = RetryBudget(percent=self.percent, min_per_second=0.0, window=window)
+        self._cap = RetryBudget(percent=self.percent, min_per_second=min_per_second, window=window)
+        self.min_per_second = self._cap.min_per_second
 
     def delay(self, remaining: float) -> float | None:
         """Seconds to wait before a backup of a call starting now; None: no backup.
@@ -62,4 +66,7 @@ class Hedge:
         return self._cap.withdraw()
 
     def __repr__(self) -> str:
-        return f"Hedge(quantile={self.quantile}, percent={self.percent})"
+        return (
+            f"Hedge(quantile={self.quantile}, percent={self.percent},"
+            f" min_per_second={self.min_per_second})"
+        )

@@ -17,7 +17,7 @@ The rule, for a `deadlines.Retry` policy (``Dependency(retry=Retry(...))``):
 `deadlines.httpx` and `deadlines.aiohttp` apply it when ``dependency.retry`` is set; use
 `run_async` / `run_sync` for any other call. For tenacity or stamina, the same rule as
 their stop, wait and retry conditions: `tenacity_options`, `stamina_context` (install
-``deadlines[retry]``).
+``deadlines[retry]``); pass them ``dependency=`` for its retry budget.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any, TypeVar
 
 from . import _events, _scope, _validate
-from ._dependency import IDEMPOTENT_METHODS, Retry
+from ._dependency import IDEMPOTENT_METHODS, Dependency, Retry
 from ._errors import CallTimeout, DeadlineExceeded
 from ._extras import missing
 from ._retry_budget import RetryBudget
@@ -277,11 +277,39 @@ def _require(name: str) -> Any:
         raise missing("deadlines.retry", name, "retry") from exc
 
 
+def _adapter_rule(
+    policy: Retry,
+    method: str,
+    idempotency_key: bool,
+    request_sent: SentOf,
+    dependency: Dependency | None,
+) -> _Rule:
+    """The rule of an adapter, with `dependency`'s retry budget and ``min_useful``."""
+    if dependency is None:
+        return _Rule(policy, method, idempotency_key, True, 0.0, request_sent)
+    if not isinstance(dependency, Dependency):
+        raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
+    return _Rule(
+        policy,
+        method,
+        idempotency_key,
+        True,
+        dependency.min_useful,
+        request_sent,
+        dependency.retry_budget,
+        dependency.name,
+    )
+
+
 def stop_at_deadline(*, expected: float | timedelta = 0.0) -> Any:
     """A tenacity stop condition: stop when the next attempt would not fit the deadline.
 
     Stops when the time left is at most `expected` plus the upcoming sleep. Combine it:
     ``stop=tenacity.stop_after_attempt(3) | deadlines.retry.stop_at_deadline()``.
+
+    It applies no retry budget: a budget counts every call, and a stop condition never
+    sees a call whose first attempt succeeds. ``tenacity_options(policy,
+    dependency=...)`` applies both.
     """
     tenacity = _require("tenacity")
     need = _validate.seconds(expected, "expected")
@@ -318,6 +346,7 @@ def tenacity_options(
     method: str = "GET",
     idempotency_key: bool = False,
     request_sent: SentOf = request_sent,
+    dependency: Dependency | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``tenacity.retry`` / ``AsyncRetrying`` applying `policy`.
 
@@ -328,9 +357,15 @@ def tenacity_options(
     Retries what the rule allows, stops after ``policy.attempts`` or when the next
     attempt would not fit the deadline, sleeps `policy`'s backoff cut at the deadline,
     and re-raises the last error.
+
+    With `dependency` (the `deadlines.Dependency` the calls go to), its
+    ``retry_budget`` applies as in `run_async`: each call counts toward it (the
+    options' ``before``), each retry needs its leave (their ``stop``; refused: the last
+    error is re-raised and `deadlines.AttemptRefused` reported), and no retry starts
+    with less than its ``min_useful`` left. Replacing ``before`` or ``stop`` drops it.
     """
     tenacity = _require("tenacity")
-    rule = _Rule(policy, method, idempotency_key, True, 0.0, request_sent)
+    rule = _adapter_rule(policy, method, idempotency_key, request_sent, dependency)
 
     def retryable(exc: BaseException) -> bool:
         sent = rule.classify(exc)
@@ -339,13 +374,37 @@ def tenacity_options(
     def backoff(retry_state: Any) -> float:
         return policy.backoff_for(retry_state.attempt_number, random.random())
 
-    return {
+    stop = tenacity.stop_after_attempt(policy.attempts) | stop_at_deadline(
+        expected=max(policy.expected, rule.min_attempt)
+    )
+    options = {
         "retry": tenacity.retry_if_exception(retryable),
-        "stop": tenacity.stop_after_attempt(policy.attempts)
-        | stop_at_deadline(expected=policy.expected),
+        "stop": stop,
         "wait": wait_until_deadline(backoff),
         "reraise": True,
     }
+    if rule.budget is not None:
+        options.update(_budget_options(tenacity, rule, stop))
+    return options
+
+
+def _budget_options(tenacity: Any, rule: _Rule, stop: Any) -> dict[str, Any]:
+    """tenacity's ``before`` and ``stop`` that apply `rule`'s retry budget around `stop`."""
+
+    def before(retry_state: Any) -> None:
+        if retry_state.attempt_number == 1:
+            rule.start()
+
+    base: Any = tenacity.stop.stop_base
+
+    class StopOrBudget(base):  # type: ignore[misc]
+        """`stop`, else stop when the retry budget refuses the retry."""
+
+        def __call__(self, retry_state: Any) -> bool:
+            # Asked only once a retry is wanted; the budget is asked only if `stop` allows it.
+            return bool(stop(retry_state)) or not rule.granted()
+
+    return {"before": before, "stop": StopOrBudget()}
 
 
 def stamina_hook(
@@ -354,21 +413,30 @@ def stamina_hook(
     method: str = "GET",
     idempotency_key: bool = False,
     request_sent: SentOf = request_sent,
+    dependency: Dependency | None = None,
 ) -> Callable[[Exception], bool | float]:
     """A stamina backoff hook (its ``on=``) applying `policy` inside the deadline.
 
     Returns False when the error must not be retried or the next attempt would not fit
     the deadline, else `policy`'s backoff for this retry. It counts the failures it has
     seen, so make one per call (`stamina_context` does).
+
+    With `dependency`, its ``retry_budget`` applies as in `run_async`: making the hook
+    counts the call, and each retry needs the budget's leave (refused: False, so
+    stamina re-raises the error, and `deadlines.AttemptRefused` is reported); no retry
+    starts with less than its ``min_useful`` left.
     """
-    rule = _Rule(policy, method, idempotency_key, True, 0.0, request_sent)
+    rule = _adapter_rule(policy, method, idempotency_key, request_sent, dependency)
+    rule.start()
     failures = 0
 
     def hook(exc: Exception) -> bool | float:
         nonlocal failures
         failures += 1
         delay = rule.after_error(exc, failures)
-        return False if delay is None else _sleep_for(delay)
+        if delay is None or not rule.granted():
+            return False
+        return _sleep_for(delay)
 
     return hook
 
@@ -379,6 +447,7 @@ def stamina_context(
     method: str = "GET",
     idempotency_key: bool = False,
     request_sent: SentOf = request_sent,
+    dependency: Dependency | None = None,
 ) -> Any:
     """``stamina.retry_context`` applying `policy`, bounded by the deadline.
 
@@ -386,13 +455,18 @@ def stamina_context(
             with attempt:
                 fetch()
 
-    Works with ``async for`` too, as stamina's own does.
+    Works with ``async for`` too, as stamina's own does. With `dependency`, its
+    ``retry_budget`` applies (see `stamina_hook`): call it once per call.
     """
     stamina = _require("stamina")
     left = _scope.remaining()
     return stamina.retry_context(
         on=stamina_hook(
-            policy, method=method, idempotency_key=idempotency_key, request_sent=request_sent
+            policy,
+            method=method,
+            idempotency_key=idempotency_key,
+            request_sent=request_sent,
+            dependency=dependency,
         ),
         attempts=policy.attempts,
         timeout=None if left == float("inf") else left,

@@ -326,8 +326,8 @@ async def test_async_httpx_never_hedges_a_post() -> None:
 
 @pytest.mark.anyio
 async def test_async_httpx_no_hedge_outside_the_cap() -> None:
-    """percent=0: no backup is ever sent; the slow call is simply waited for."""
-    dependency = Dependency("tail", hedge=Hedge(min_samples=1, percent=0.0))
+    """percent=0 and no floor: no backup is ever sent; the slow call is simply waited for."""
+    dependency = Dependency("tail", hedge=Hedge(min_samples=1, percent=0.0, min_per_second=0.0))
     with DelayServer(0, 0.5) as server:
         async with dhttpx.AsyncClient(dependency) as client:
             await client.get(server.url + "/fast")
@@ -357,7 +357,7 @@ async def test_aiohttp_hedges_a_slow_get_and_cancels_the_loser(events: list[Even
 @pytest.mark.anyio
 async def test_aiohttp_unhedged_slow_call_keeps_its_answer() -> None:
     """Outside the cap the slow call is waited for, and its answer is the caller's."""
-    dependency = Dependency("tail", hedge=Hedge(min_samples=1, percent=0.0))
+    dependency = Dependency("tail", hedge=Hedge(min_samples=1, percent=0.0, min_per_second=0.0))
     with DelayServer(0, 0.3) as server:
         async with daiohttp.session(dependency) as session:
             async with session.get(server.url + "/fast") as response:

@@ -227,12 +227,45 @@ def test_hedge_waits_for_samples_then_uses_the_quantile(clock: FakeClock) -> Non
 
 
 def test_hedge_rate_is_capped(clock: FakeClock) -> None:
-    """Backups at most `percent` of the calls in the window."""
-    hedge = Hedge(percent=0.1, min_samples=1)
+    """Backups at most `percent` of the calls in the window (no floor)."""
+    hedge = Hedge(percent=0.1, min_per_second=0.0, min_samples=1)
     hedge.latency.add(0.01)
     for _ in range(50):
         hedge.delay(1.0)
     assert sum(hedge.allow() for _ in range(20)) == 5
+
+
+def test_hedge_floor_lets_a_quiet_dependency_hedge(clock: FakeClock) -> None:
+    """5 calls in 10 s earn no backup at 5 %; the floor (0.2/s: 2 per 10 s) allows two,
+    and two more once the window has moved on."""
+    quiet, floored = (
+        Hedge(percent=0.05, min_per_second=floor, window=10, min_samples=1) for floor in (0.0, 0.2)
+    )
+    for hedge in (quiet, floored):
+        hedge.latency.add(0.01)
+        for _ in range(5):
+            hedge.delay(1.0)
+    assert not quiet.allow()
+    assert [floored.allow() for _ in range(3)] == [True, True, False]
+    clock.advance(11)
+    assert [floored.allow() for _ in range(3)] == [True, True, False]
+
+
+def test_hedge_floor_adds_to_the_share(clock: FakeClock) -> None:
+    """The default floor, one a second: 10 per 10 s on top of 5 % of the calls."""
+    hedge = Hedge(min_samples=1)
+    assert (hedge.percent, hedge.min_per_second) == (0.05, 1.0)
+    for _ in range(100):
+        hedge.delay(1.0)
+    assert sum(hedge.allow() for _ in range(30)) == 15  # 5 % of 100, plus 10
+
+
+def test_hedge_validates() -> None:
+    """A share outside [0, 1] or a negative floor is refused, naming the argument."""
+    with pytest.raises(ValueError, match=r"percent must be in \[0, 1\]"):
+        Hedge(percent=2.0)
+    with pytest.raises(ValueError, match="min_per_second must be between 0"):
+        Hedge(min_per_second=-1.0)
 
 
 # Admission

@@ -48,7 +48,7 @@ def overload() -> None:
         retry_budget=deadlines.RetryBudget(percent=0.1, min_per_second=1, window=10),
         throttle=deadlines.Throttle(k=2.0, window=timedelta(minutes=2)),
         limit=deadlines.AdaptiveLimit(initial=10, max_limit=50),
-        hedge=deadlines.Hedge(quantile=0.95, percent=0.05),
+        hedge=deadlines.Hedge(quantile=0.95, percent=0.05, min_per_second=1.0),
     )
     assert dep.limit is not None
     now: int = dep.limit.limit
