@@ -17,7 +17,8 @@ The rule, for a `deadlines.Retry` policy (``Dependency(retry=Retry(...))``):
 `deadlines.httpx` and `deadlines.aiohttp` apply it when ``dependency.retry`` is set; use
 `run_async` / `run_sync` for any other call. For tenacity or stamina, the same rule as
 their stop, wait and retry conditions: `tenacity_options`, `stamina_context` (install
-``deadlines[retry]``); pass them ``dependency=`` for its retry budget.
+``deadlines[retry]``). Pass any of them ``dependency=`` (the `deadlines.Dependency` the
+calls go to) for its retry budget and ``min_useful``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ from . import _events, _scope, _validate
 from ._dependency import IDEMPOTENT_METHODS, Dependency, Retry
 from ._errors import CallTimeout, DeadlineExceeded
 from ._extras import missing
-from ._retry_budget import RetryBudget
 
 __all__ = [
     "may_retry",
@@ -87,17 +87,18 @@ class _Rule:
         method: str,
         idempotency_key: bool,
         replayable: bool,
-        min_attempt: float | timedelta,
+        min_attempt: float | timedelta | None,
         classify: SentOf,
-        budget: RetryBudget | None = None,
-        dependency: str | None = None,
+        dependency: Dependency | None,
     ) -> None:
         if not isinstance(policy, Retry):
             raise TypeError(f"policy must be a deadlines.Retry, not {policy!r}")
-        if budget is not None and not isinstance(budget, RetryBudget):
-            raise TypeError(f"retry_budget must be a deadlines.RetryBudget, not {budget!r}")
-        self.budget = budget
-        self.dependency = dependency
+        if dependency is not None and not isinstance(dependency, Dependency):
+            raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
+        self.budget = None if dependency is None else dependency.retry_budget
+        self.name = "" if dependency is None else dependency.name
+        if min_attempt is None:
+            min_attempt = 0.0 if dependency is None else dependency.min_useful
         self.policy = policy
         self.method = method
         self.idempotency_key = idempotency_key
@@ -130,7 +131,7 @@ class _Rule:
         if self.budget is None or self.budget.withdraw():
             return True
         if _events.active():
-            _events.emit(_events.AttemptRefused(self.dependency or "", "retry_budget"))
+            _events.emit(_events.AttemptRefused(self.name, "retry_budget"))
         return False
 
     def _idempotent(self) -> bool:
@@ -157,12 +158,11 @@ async def run_async(
     method: str = "GET",
     idempotency_key: bool = False,
     replayable: bool = True,
-    min_attempt: float | timedelta = 0.0,
+    min_attempt: float | timedelta | None = None,
     request_sent: SentOf = request_sent,
     retry_response: Callable[[T], bool] | None = None,
     discard: Callable[[T], Awaitable[None]] | None = None,
-    retry_budget: RetryBudget | None = None,
-    dependency: str | None = None,
+    dependency: Dependency | None = None,
 ) -> T:
     """Await ``attempt()`` until it succeeds or the rule says stop; re-raise the last error.
 
@@ -174,17 +174,17 @@ async def run_async(
         idempotency_key: Whether the request carries an ``Idempotency-Key``, which
             makes any method retryable once sent.
         replayable: False when the request body cannot be sent twice (a generator).
-        min_attempt: Do not retry with less time left than this plus the backoff (the
-            dependency's ``min_useful``).
+        min_attempt: Do not retry with less time left than this plus the backoff;
+            default: `dependency`'s ``min_useful`` (0 without one).
         request_sent: Classifies an error: True/False whether the request was sent,
             None when it is not retryable. Defaults to the taxonomy's errors.
         retry_response: Whether a result should be retried (a 503, say); the last
             result is returned when no retry is left.
         discard: Releases a result that is being retried (closes a response).
-        retry_budget: The dependency's `deadlines.RetryBudget`: the call counts toward
-            it, and each retry needs its leave (refused: the last error is raised, the
-            last result returned, and `deadlines.AttemptRefused` reported).
-        dependency: The dependency's name, for that event.
+        dependency: The `deadlines.Dependency` the calls go to. With its
+            ``retry_budget``, the call counts toward it and each retry needs its leave
+            (refused: the last error is raised, the last result returned, and
+            `deadlines.AttemptRefused` reported under its name).
 
     Cancellation is never retried and cuts a backoff sleep short.
     """
@@ -195,7 +195,6 @@ async def run_async(
         replayable,
         min_attempt,
         request_sent,
-        retry_budget,
         dependency,
     )
     rule.start()
@@ -226,12 +225,11 @@ def run_sync(
     method: str = "GET",
     idempotency_key: bool = False,
     replayable: bool = True,
-    min_attempt: float | timedelta = 0.0,
+    min_attempt: float | timedelta | None = None,
     request_sent: SentOf = request_sent,
     retry_response: Callable[[T], bool] | None = None,
     discard: Callable[[T], None] | None = None,
-    retry_budget: RetryBudget | None = None,
-    dependency: str | None = None,
+    dependency: Dependency | None = None,
 ) -> T:
     """The blocking twin of `run_async`, with the same arguments and rule."""
     rule = _Rule(
@@ -241,7 +239,6 @@ def run_sync(
         replayable,
         min_attempt,
         request_sent,
-        retry_budget,
         dependency,
     )
     rule.start()
@@ -275,30 +272,6 @@ def _require(name: str) -> Any:
         return importlib.import_module(name)
     except ImportError as exc:
         raise missing("deadlines.retry", name, "retry") from exc
-
-
-def _adapter_rule(
-    policy: Retry,
-    method: str,
-    idempotency_key: bool,
-    request_sent: SentOf,
-    dependency: Dependency | None,
-) -> _Rule:
-    """The rule of an adapter, with `dependency`'s retry budget and ``min_useful``."""
-    if dependency is None:
-        return _Rule(policy, method, idempotency_key, True, 0.0, request_sent)
-    if not isinstance(dependency, Dependency):
-        raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
-    return _Rule(
-        policy,
-        method,
-        idempotency_key,
-        True,
-        dependency.min_useful,
-        request_sent,
-        dependency.retry_budget,
-        dependency.name,
-    )
 
 
 def stop_at_deadline(*, expected: float | timedelta = 0.0) -> Any:
@@ -365,7 +338,7 @@ def tenacity_options(
     with less than its ``min_useful`` left. Replacing ``before`` or ``stop`` drops it.
     """
     tenacity = _require("tenacity")
-    rule = _adapter_rule(policy, method, idempotency_key, request_sent, dependency)
+    rule = _Rule(policy, method, idempotency_key, True, None, request_sent, dependency)
 
     def retryable(exc: BaseException) -> bool:
         sent = rule.classify(exc)
@@ -426,7 +399,7 @@ def stamina_hook(
     stamina re-raises the error, and `deadlines.AttemptRefused` is reported); no retry
     starts with less than its ``min_useful`` left.
     """
-    rule = _adapter_rule(policy, method, idempotency_key, request_sent, dependency)
+    rule = _Rule(policy, method, idempotency_key, True, None, request_sent, dependency)
     rule.start()
     failures = 0
 

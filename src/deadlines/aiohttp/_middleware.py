@@ -80,12 +80,10 @@ class Middleware:
             method=request.method,
             idempotency_key="idempotency-key" in request.headers,
             replayable=_replayable(request),
-            min_attempt=self.dependency.min_useful,
             request_sent=_request_sent,
             retry_response=lambda response: response.status in policy.statuses,
             discard=_release,
-            retry_budget=self.dependency.retry_budget,
-            dependency=self.dependency.name,
+            dependency=self.dependency,
         )
 
     async def _attempt(

@@ -119,8 +119,6 @@ def retry_options(dependency: Dependency, request: httpx.Request) -> dict[str, A
         "method": request.method,
         "idempotency_key": "idempotency-key" in request.headers,
         "replayable": isinstance(request.stream, httpx.ByteStream),
-        "min_attempt": dependency.min_useful,
         "request_sent": request_sent,
-        "retry_budget": dependency.retry_budget,
-        "dependency": dependency.name,
+        "dependency": dependency,
     }
