@@ -347,3 +347,25 @@ def test_loop_server_pays_for_a_caller_that_leaves() -> None:
     # 100 ms per leaving caller (paid at 50 ms, before the second job), at 1.0 s.
     assert free.loads["late"].p50_ms == pytest.approx(100.0)
     assert costly.loads["late"].p50_ms == pytest.approx(500.0)
+
+
+def test_loop_server_reads_a_request_after_its_passes() -> None:
+    """`passes`: a request is read only after that many turns of a busy loop, a job each."""
+
+    def run(passes: int) -> tuple[int, int]:
+        service = {
+            "workers": 1,
+            "loop": {"passes": passes},
+            "deadline": {"shed_short": True, "enforce": False, "cancel_on_caller_left": False},
+            "routes": {"r": {"work": "100ms"}},
+        }
+        v = one({"s": service}, {"to": "s/r", "rate": 1000, "count": 3, "timeout": "150ms"})
+        server = v.services["s"].servers[0]
+        return server.wasted, server.dropped
+
+    # Jobs 0-100 and 100-200 ms. With one pass the third request is read at 0.1 s, while
+    # the second is queued: at 0.2 s it has 50 ms left for 100 ms of work, shed. With
+    # three it is read only after the second job too, at 0.2 s, with 150 ms left: served,
+    # for a client gone at 152 ms.
+    assert run(1) == (1, 1)
+    assert run(3) == (2, 0)

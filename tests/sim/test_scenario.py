@@ -159,11 +159,12 @@ def test_fault_checks(fault: str, message: str) -> None:
 
 
 def test_loop_costs_parse() -> None:
-    """`loop = { arrival, left }`: durations; either may be left out (0)."""
+    """`loop = { arrival, left, passes }`: each may be left out (0 s, 0 s, 1 pass)."""
     text = BASE.replace("servers = 2", 'servers = 2\nloop = { arrival = "350us" }')
     model = parse_scenario(text).variants["base"]
-    assert model.services["api"].loop is not None
-    assert (model.services["api"].loop.arrival, model.services["api"].loop.left) == (0.00035, 0.0)
+    loop = model.services["api"].loop
+    assert loop is not None
+    assert (loop.arrival, loop.left, loop.passes) == (0.00035, 0.0, 1)
     assert model.services["db"].loop is None
 
 
@@ -174,8 +175,9 @@ def test_loop_costs_parse() -> None:
         ('loop = { left = "2s" }', "services.api.loop.left", "at most 1s, got 2s"),
         ('loop = { arival = "1ms" }', "services.api.loop.arival", "did you mean 'arrival'"),
         ('loop = "1ms"', "services.api.loop", "table"),
+        ("loop = { passes = 0 }", "services.api.loop.passes", "integer from 1 to 100, got 0"),
     ],
-    ids=["negative", "too-long", "typo", "not-a-table"],
+    ids=["negative", "too-long", "typo", "not-a-table", "passes"],
 )
 def test_loop_checks(loop: str, key: str, message: str) -> None:
     """Bad loop costs are reported with their key and line."""

@@ -13,8 +13,8 @@ Each request is a small state machine driven by timers; nothing blocks. The rule
   caller leaving (`cancel_on_caller_left`); otherwise it works on, for nobody.
 * A server with `loop` costs is one event loop on one core: its work steps take the
   core in turn (the work blocks the loop), a request is read, and its deadline starts,
-  only when the core is free, and each arrival and each caller that leaves costs the
-  core a little time.
+  only after `passes` turns of the loop (a job may run in each), and each arrival and
+  each caller that leaves costs the core a little time.
 * A service with a `DeadlinePolicy` derives a deadline from the caller's remaining
   time, drops queued requests that expired, and stops handlers (and their calls) when
   the deadline passes.
@@ -67,6 +67,7 @@ class Request:
         "deadline_timer",
         "orphan",
         "pending",
+        "reading",
         "route",
         "server",
         "service",
@@ -107,6 +108,7 @@ class Request:
         self.orphan = False
         self.stats = service.stats[route.name]
         self.told = told
+        self.reading = 0  # loop passes still needed before the handler runs
         self.deadline = math.inf
         budget = self.budget()
         self.trace = sim.trace_record(service.spec.name, now, budget) if traced else None
@@ -140,7 +142,13 @@ class Request:
         """A loop server's core got to this request: its clock starts, it is admitted."""
         if self.state == DONE:
             return  # its caller left before it was read, and the server noticed
-        self.arrived = self.sim.loop.now
+        loop = self.sim.loop
+        server = self.server
+        if self.reading and server.cpu_free > loop.now:
+            self.reading -= 1  # another pass of the loop, after the job it runs meanwhile
+            loop.at(server.cpu_free, Request.read, self)
+            return
+        self.arrived = loop.now
         self.start_clock(self.budget())
         self.admit()
 
@@ -466,6 +474,7 @@ class Simulation:
         if costs is None:
             request.admit()
         else:
+            request.reading = costs.passes - 1
             self.loop.at(server.spend(now, costs.arrival), Request.read, request)
         return request
 

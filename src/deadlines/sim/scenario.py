@@ -408,14 +408,15 @@ def _deadline(raw: Any, path: str, key: _Key) -> DeadlinePolicy:
 
 def _loop(raw: Any, path: str, key: _Key) -> LoopCosts:
     raw = read.table(raw, key(path))
-    read.only(raw, key(path), ("arrival", "left"))
+    read.only(raw, key(path), ("arrival", "left", "passes"))
     costs = {}
     for field in ("arrival", "left"):
         cost = read.duration(raw.get(field, 0.0), key(f"{path}.{field}")) or 0.0
         if cost > 1.0:  # a second of CPU per request is a unit mistake, not a service
             raise read.Invalid(key(f"{path}.{field}"), f"must be at most 1s, got {cost:g}s")
         costs[field] = cost
-    return LoopCosts(**costs)
+    passes = read.integer(raw.get("passes", 1), key(f"{path}.passes"), low=1, high=100)
+    return LoopCosts(arrival=costs["arrival"], left=costs["left"], passes=passes)
 
 
 # Load and faults.
