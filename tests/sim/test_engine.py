@@ -350,7 +350,7 @@ def test_loop_server_pays_for_a_caller_that_leaves() -> None:
 
 
 def test_loop_server_reads_a_request_after_its_passes() -> None:
-    """`passes`: a request is read only after that many turns of a busy loop, a job each."""
+    """`passes`: a request is read after that many turns of the loop; a job runs in each."""
 
     def run(passes: int) -> tuple[int, int]:
         service = {
@@ -359,13 +359,15 @@ def test_loop_server_reads_a_request_after_its_passes() -> None:
             "deadline": {"shed_short": True, "enforce": False, "cancel_on_caller_left": False},
             "routes": {"r": {"work": "100ms"}},
         }
-        v = one({"s": service}, {"to": "s/r", "rate": 1000, "count": 3, "timeout": "150ms"})
-        server = v.services["s"].servers[0]
+        queue = [{"name": f"q{i}", "to": "s/r", "rate": 1, "count": 1} for i in range(4)]
+        late = {"name": "late", "to": "s/r", "start": "50ms", "rate": 1, "count": 1,
+                "timeout": "350ms"}  # fmt: skip
+        server = one({"s": service}, [*queue, late]).services["s"].servers[0]
         return server.wasted, server.dropped
 
-    # Jobs 0-100 and 100-200 ms. With one pass the third request is read at 0.1 s, while
-    # the second is queued: at 0.2 s it has 50 ms left for 100 ms of work, shed. With
-    # three it is read only after the second job too, at 0.2 s, with 150 ms left: served,
-    # for a client gone at 152 ms.
-    assert run(1) == (1, 1)
-    assert run(3) == (2, 0)
+    # Four requests read at 0 s: jobs 0-0.1, 0.1-0.2, 0.2-0.3, 0.3-0.4 s. The late one,
+    # sent at 50 ms, is read at 0.1 s with one pass: at 0.4 s it has 50 ms left for its
+    # 100 ms of work, shed. With two, the second job runs first: read at 0.2 s, it has
+    # 150 ms left at 0.4 s and is served, for a client gone at 0.4 s.
+    assert run(1) == (0, 1)
+    assert run(2) == (1, 0)

@@ -144,9 +144,10 @@ class Request:
             return  # its caller left before it was read, and the server noticed
         loop = self.sim.loop
         server = self.server
-        if self.reading and server.cpu_free > loop.now:
-            self.reading -= 1  # another pass of the loop, after the job it runs meanwhile
-            loop.at(server.cpu_free, Request.read, self)
+        if self.reading:
+            # Another turn of the loop: a job ready now runs first (an idle loop: no wait).
+            self.reading -= 1
+            loop.at(max(loop.now, server.cpu_free), Request.read, self)
             return
         self.arrived = loop.now
         self.start_clock(self.budget())
@@ -263,16 +264,24 @@ class Request:
 
     def caller_left(self) -> None:
         """The caller stopped waiting; stop too if this service notices."""
-        now = self.sim.loop.now
-        costs = self.service.spec.loop
-        if costs is not None and costs.left:
-            self.server.spend(now, costs.left)
+        loop = self.sim.loop
+        now = loop.now
         if not self.orphan and self.state != DONE:
             self.service.open.add(now, -1)
         self.orphan = True
         policy = self.service.policy
-        if self.state != DONE and policy is not None and policy.cancel_on_caller_left:
+        if self.state == DONE or policy is None or not policy.cancel_on_caller_left:
+            if self.service.spec.loop is not None:
+                self.server.spend(now, self.service.spec.loop.left)
+            return
+        if self.service.spec.loop is None:
             self.finish("caller_left", stopped=True)
+        else:  # a busy loop notices the disconnect when it gets to it
+            loop.at(self.server.spend(now, self.service.spec.loop.left), Request.stop, self)
+
+    def stop(self) -> None:
+        """A loop server noticed that the caller left: stop."""
+        self.finish("caller_left", stopped=True)
 
     @staticmethod
     def finish_with(arg: tuple[Request, str]) -> None:
