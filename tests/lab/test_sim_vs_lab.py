@@ -157,18 +157,20 @@ def chain_twin(p: dict[str, Any]) -> Any:
 def overload_twin(p: dict[str, Any], capacity: dict[str, Any]) -> Any:
     """`examples/sim/overload.toml` with the lab's steps, deadline and measured capacity.
 
-    The scenario's loop costs are CPU time measured on an idle core; the lab's service
-    took 1 / C of wall time for what takes 1 / ideal there, so they are scaled by that
-    ratio. A served request costs its arrival and its work: work = 1 / C - arrival,
-    so that C stays the capacity the lab measured. Only the lab's `timeouts` variant has
+    The scenario's loop costs are CPU time measured on an idle core (its `passes` are
+    turns of the loop, kept as they are); the lab's service took 1 / C of wall time for
+    what takes 1 / ideal there, so they are scaled by that ratio. A served request costs
+    its arrival and its work: work = 1 / C - arrival, so that C stays the capacity the
+    lab measured. Only the lab's `timeouts` variant has
     a twin in the quick run (the model has no retries at the load and no CoDel).
     """
     data = tomllib.loads((EXAMPLES / "overload.toml").read_text(encoding="utf-8"))
     c = capacity["capacity_per_s"]
     scale = capacity["ideal_per_s"] / c
     service = data["services"]["service"]
-    loop = {name: durations.parse(cost) * scale for name, cost in service["loop"].items()}
-    service["loop"] = loop
+    loop = service["loop"]
+    for name in ("arrival", "left"):
+        loop[name] = durations.parse(loop[name]) * scale
     service["routes"]["work"]["work"] = 1.0 / c - loop["arrival"]
     steps = [(float(x), p["level_for"]) for x in p["loads"]]
     loads, start = [], 0.0
@@ -262,11 +264,11 @@ def test_overload_twin_matches_the_lab_off_the_knee(quick_all: QuickAll) -> None
 
     At 2 and 4 × C (the knee: the queue grows and reaches the deadline within the
     level) the lab's figure follows the machine's load: the capacity while the level
-    lasts is not the C measured at the start (2 × C read 25, 41 and 84 % of C in three
-    full runs on the shared machine against the twin's 47-48, and 155 and 182 in two
-    quick ones against 182-187; in one quick run beside the whole suite 4 × C read 15 %
-    against 0). The twin's loop costs (docs/sim.md) do not change that. Those levels
-    are printed only.
+    lasts is not the C measured at the start (2 × C read 23-84 % of C in five full runs
+    on the shared machine against the twin's 46-48, and 155 and 182 in two quick ones
+    against 182-187; in one quick run beside the whole suite 4 × C read 15 % against
+    0). The twin's loop (docs/sim.md) does not change that. Those levels are printed
+    only.
     """
     lab = quick_all.data["overload"]
     measured = lab["variants"]["timeouts"]["levels"]
