@@ -287,3 +287,87 @@ def test_a_run_estimated_over_the_limit_is_refused_before_it_starts() -> None:
         run_scenario(scenario, max_seconds=3600)
     assert time.monotonic() - started < 1.0
     assert info.value.requests == pytest.approx(3.6e10)
+
+
+def test_loop_server_reads_requests_between_jobs_and_pays_each_arrival() -> None:
+    """A loop server: 10 ms to read each request, then its 100 ms of CPU work, in turn."""
+    services = {
+        "s": {"workers": 1, "loop": {"arrival": "10ms"}, "routes": {"r": {"work": "100ms"}}},
+    }
+    v = one(services, {"to": "s/r", "rate": 1000, "count": 3})
+    # Read at 10, 20, 30 ms (the core reads all three before the first job can begin at
+    # 30 ms); jobs 30-130, 130-230, 230-330 ms; sent at 0, 1 and 2 ms.
+    assert v.loads["r"].p50_ms == pytest.approx(229.0)
+    assert v.loads["r"].p99_ms == pytest.approx(328.0, abs=0.1)
+    plain = one({"s": {"workers": 1, "routes": {"r": {"work": "100ms"}}}}, {"to": "s/r",
+                "rate": 1000, "count": 3})  # fmt: skip
+    assert plain.loads["r"].p50_ms == pytest.approx(199.0)
+
+
+def test_loop_server_starts_a_deadline_when_it_reads_the_request() -> None:
+    """The work blocks the loop: a request sent meanwhile gets its budget from when it is read."""
+
+    def run(loop: dict[str, str] | None) -> tuple[int, int]:
+        service: dict[str, Any] = {
+            "workers": 1,
+            "deadline": {"shed_short": True, "enforce": False, "cancel_on_caller_left": False},
+            "routes": {"r": {"work": "300ms"}},
+        }
+        if loop is not None:
+            service["loop"] = loop
+        v = one({"s": service}, {"to": "s/r", "rate": 10, "count": 2, "timeout": "450ms"})
+        server = v.services["s"].servers[0]
+        return server.wasted, server.dropped
+
+    # The second request, sent at 0.1 s, is read at 0.3 s with 450 ms left, enough for its
+    # 300 ms: served, after its client left at 0.55 s. Read at once, it has 250 ms: shed.
+    assert run({"arrival": "0s"}) == (1, 0)
+    assert run(None) == (0, 1)
+
+
+def test_loop_server_costs_take_capacity() -> None:
+    """10 ms of work and 2 ms per arrival at 100 requests/s: 1.2 × capacity, a queue."""
+    service = {"workers": 1, "routes": {"r": {"work": "10ms"}}}
+    load = {"to": "s/r", "rate": 100, "count": 100}
+    plain = one({"s": service}, load)
+    costly = one({"s": {**service, "loop": {"arrival": "2ms"}}}, load)
+    assert plain.loads["r"].p99_ms == pytest.approx(10.0)
+    # The 100th request is read at 1.2 s - 10 ms and answered 10 ms later; it was sent at 0.99 s.
+    assert costly.loads["r"].p99_ms == pytest.approx(200.0, abs=12.0)
+
+
+def test_loop_server_pays_for_a_caller_that_leaves() -> None:
+    """`left`: each client that gives up costs the core, and delays the next job."""
+    service = {"workers": 1, "routes": {"r": {"work": "100ms"}}}
+    load = [{"name": "gone", "to": "s/r", "rate": 1000, "count": 5, "timeout": "50ms"},
+            {"name": "late", "to": "s/r", "start": "0.6s", "rate": 1, "count": 1}]  # fmt: skip
+    free = one({"s": {**service, "loop": {"left": "0s"}}}, load)
+    costly = one({"s": {**service, "loop": {"left": "100ms"}}}, load)
+    # Five jobs of 100 ms for callers gone at 50 ms: the core is free at 0.5 s; with
+    # 100 ms per leaving caller (paid at 50 ms, before the second job), at 1.0 s.
+    assert free.loads["late"].p50_ms == pytest.approx(100.0)
+    assert costly.loads["late"].p50_ms == pytest.approx(500.0)
+
+
+def test_loop_server_reads_a_request_after_its_passes() -> None:
+    """`passes`: a request is read after that many turns of the loop; a job runs in each."""
+
+    def run(passes: int) -> tuple[int, int]:
+        service = {
+            "workers": 1,
+            "loop": {"passes": passes},
+            "deadline": {"shed_short": True, "enforce": False, "cancel_on_caller_left": False},
+            "routes": {"r": {"work": "100ms"}},
+        }
+        queue = [{"name": f"q{i}", "to": "s/r", "rate": 1, "count": 1} for i in range(4)]
+        late = {"name": "late", "to": "s/r", "start": "50ms", "rate": 1, "count": 1,
+                "timeout": "350ms"}  # fmt: skip
+        server = one({"s": service}, [*queue, late]).services["s"].servers[0]
+        return server.wasted, server.dropped
+
+    # Four requests read at 0 s: jobs 0-0.1, 0.1-0.2, 0.2-0.3, 0.3-0.4 s. The late one,
+    # sent at 50 ms, is read at 0.1 s with one pass: at 0.4 s it has 50 ms left for its
+    # 100 ms of work, shed. With two, the second job runs first: read at 0.2 s, it has
+    # 150 ms left at 0.4 s and is served, for a client gone at 0.4 s.
+    assert run(1) == (0, 1)
+    assert run(2) == (1, 0)

@@ -96,7 +96,7 @@ services.db.routes.q.work = "1ms"
             ("servers = 2", "zzz = 2"),
             "services.api.zzz",
             5,
-            "expected one of: calls, connect_time, deadline, lb, pools, queue_limit, routes,",
+            "expected one of: calls, connect_time, deadline, lb, loop, pools, queue_limit,",
         ),
         (
             ('to = "db/q"\ntimeout', 'to = "db/x"\ntimeout'),
@@ -156,6 +156,35 @@ def test_fault_checks(fault: str, message: str) -> None:
     """Faults must name a real service, server and kind."""
     with pytest.raises(ScenarioError, match=message):
         parse_scenario(BASE + "\n[[faults]]\n" + fault + "\n")
+
+
+def test_loop_costs_parse() -> None:
+    """`loop = { arrival, left, passes }`: each may be left out (0 s, 0 s, 1 pass)."""
+    text = BASE.replace("servers = 2", 'servers = 2\nloop = { arrival = "350us" }')
+    model = parse_scenario(text).variants["base"]
+    loop = model.services["api"].loop
+    assert loop is not None
+    assert (loop.arrival, loop.left, loop.passes) == (0.00035, 0.0, 1)
+    assert model.services["db"].loop is None
+
+
+@pytest.mark.parametrize(
+    ("loop", "key", "message"),
+    [
+        ("loop = { arrival = -0.001 }", "services.api.loop.arrival", "finite duration >= 0"),
+        ('loop = { left = "2s" }', "services.api.loop.left", "at most 1s, got 2s"),
+        ('loop = { arival = "1ms" }', "services.api.loop.arival", "did you mean 'arrival'"),
+        ('loop = "1ms"', "services.api.loop", "table"),
+        ("loop = { passes = 0 }", "services.api.loop.passes", "integer from 1 to 100, got 0"),
+    ],
+    ids=["negative", "too-long", "typo", "not-a-table", "passes"],
+)
+def test_loop_checks(loop: str, key: str, message: str) -> None:
+    """Bad loop costs are reported with their key and line."""
+    with pytest.raises(ScenarioError, match=message) as info:
+        parse_scenario(BASE.replace("servers = 2", "servers = 2\n" + loop), source="x.toml")
+    assert info.value.key == key
+    assert info.value.line == 6
 
 
 def test_overrides_shorten_every_variant_and_reject_nonsense() -> None:

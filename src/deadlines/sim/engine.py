@@ -11,6 +11,10 @@ Each request is a small state machine driven by timers; nothing blocks. The rule
   connects, then sends. Its timeout covers the pool wait. When the call gives up it
   releases the connection at once; the callee notices only if it watches for its
   caller leaving (`cancel_on_caller_left`); otherwise it works on, for nobody.
+* A server with `loop` costs is one event loop on one core: its work steps take the
+  core in turn (the work blocks the loop), a request is read, and its deadline starts,
+  only after `passes` turns of the loop (a job may run in each), and each arrival and
+  each caller that leaves costs the core a little time.
 * A service with a `DeadlinePolicy` derives a deadline from the caller's remaining
   time, drops queued requests that expired, and stops handlers (and their calls) when
   the deadline passes.
@@ -63,6 +67,7 @@ class Request:
         "deadline_timer",
         "orphan",
         "pending",
+        "reading",
         "route",
         "server",
         "service",
@@ -70,6 +75,7 @@ class Request:
         "state",
         "stats",
         "step",
+        "told",
         "trace",
         "work_timer",
         "worker",
@@ -101,20 +107,51 @@ class Request:
         self.worker = False
         self.orphan = False
         self.stats = service.stats[route.name]
+        self.told = told
+        self.reading = 0  # loop passes still needed before the handler runs
         self.deadline = math.inf
-        policy = service.policy
-        budget: float | None = None
-        if policy is not None:
-            budget = told if (policy.honor_inbound and told is not None) else policy.default
-            if budget is not None:
-                if policy.max is not None and budget > policy.max:
-                    budget = policy.max
-                self.deadline = now + budget - policy.reserve
-                if policy.enforce:
-                    self.deadline_timer = sim.loop.at_in(
-                        service.deadline_lane, self.deadline, Request.expire, self
-                    )
+        budget = self.budget()
         self.trace = sim.trace_record(service.spec.name, now, budget) if traced else None
+        if service.spec.loop is None:
+            self.start_clock(budget)
+
+    def budget(self) -> float | None:
+        """The time this service gives the request (None: no deadline)."""
+        policy = self.service.policy
+        if policy is None:
+            return None
+        told = self.told
+        budget = told if (policy.honor_inbound and told is not None) else policy.default
+        if budget is not None and policy.max is not None and budget > policy.max:
+            budget = policy.max
+        return budget
+
+    def start_clock(self, budget: float | None) -> None:
+        """The request is read now: its deadline starts."""
+        policy = self.service.policy
+        if policy is None or budget is None:
+            return
+        loop = self.sim.loop
+        self.deadline = loop.now + budget - policy.reserve
+        if policy.enforce:
+            self.deadline_timer = loop.at_in(
+                self.service.deadline_lane, self.deadline, Request.expire, self
+            )
+
+    def read(self) -> None:
+        """A loop server's core got to this request: its clock starts, it is admitted."""
+        if self.state == DONE:
+            return  # its caller left before it was read, and the server noticed
+        loop = self.sim.loop
+        server = self.server
+        if self.reading:
+            # Another turn of the loop: a job ready now runs first (an idle loop: no wait).
+            self.reading -= 1
+            loop.at(max(loop.now, server.cpu_free), Request.read, self)
+            return
+        self.arrived = loop.now
+        self.start_clock(self.budget())
+        self.admit()
 
     # Admission and the steps.
 
@@ -168,8 +205,17 @@ class Request:
             server = self.server
             if server.hung and (None in server.hung or self.route.name in server.hung):
                 return  # this work never ends; only a deadline or the caller can stop it
+            loop = self.sim.loop
+            on_core = self.service.spec.loop is not None
+            if on_core and server.cpu_free > loop.now:
+                # The core is busy (another job, or reading requests): begin when it is free.
+                self.work_timer = loop.at(server.cpu_free, Request.resume, self)
+                return
             duration = self.service.samplers[self.route.name][index]() * server.slowdown
-            self.work_timer = self.sim.loop.after(duration, Request.step_done, self)
+            if on_core:  # CPU work blocks the loop until it ends
+                self.work_timer = loop.at(server.spend(loop.now, duration), Request.step_done, self)
+            else:
+                self.work_timer = loop.after(duration, Request.step_done, self)
             return
         assert isinstance(step, Calls)
         specs = self.service.spec.calls
@@ -177,6 +223,14 @@ class Request:
         self.pending = len(self.calls)
         for call in self.calls:
             call.attempt()
+
+    def resume(self) -> None:
+        """A loop server's core is free for this request's work step: shed or begin it."""
+        self.work_timer = None
+        if self.step == 0 and self.should_shed(self.sim.loop.now):
+            self.finish("shed")  # the worker's check when it takes the job, as in the lab
+            return
+        self.run_step()
 
     def step_done(self) -> None:
         """The current step's work completed: go on."""
@@ -210,12 +264,24 @@ class Request:
 
     def caller_left(self) -> None:
         """The caller stopped waiting; stop too if this service notices."""
+        loop = self.sim.loop
+        now = loop.now
         if not self.orphan and self.state != DONE:
-            self.service.open.add(self.sim.loop.now, -1)
+            self.service.open.add(now, -1)
         self.orphan = True
         policy = self.service.policy
-        if self.state != DONE and policy is not None and policy.cancel_on_caller_left:
+        if self.state == DONE or policy is None or not policy.cancel_on_caller_left:
+            if self.service.spec.loop is not None:
+                self.server.spend(now, self.service.spec.loop.left)
+            return
+        if self.service.spec.loop is None:
             self.finish("caller_left", stopped=True)
+        else:  # a busy loop notices the disconnect when it gets to it
+            loop.at(self.server.spend(now, self.service.spec.loop.left), Request.stop, self)
+
+    def stop(self) -> None:
+        """A loop server noticed that the caller left: stop."""
+        self.finish("caller_left", stopped=True)
 
     @staticmethod
     def finish_with(arg: tuple[Request, str]) -> None:
@@ -413,7 +479,12 @@ class Simulation:
         request.stats.in_flight.add(now, 1)
         service.in_flight.add(now, 1)
         service.open.add(now, 1)
-        request.admit()
+        costs = service.spec.loop
+        if costs is None:
+            request.admit()
+        else:
+            request.reading = costs.passes - 1
+            self.loop.at(server.spend(now, costs.arrival), Request.read, request)
         return request
 
     def trace_record(self, service: str, now: float, budget: float | None) -> TraceRecord | None:

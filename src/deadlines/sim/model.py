@@ -153,6 +153,29 @@ class DeadlinePolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class LoopCosts:
+    """A server that is one event loop on one core, and what its loop spends per request.
+
+    Its work steps then block the loop: they run one at a time, and a request that
+    arrives meanwhile is read (its deadline starts) only when the loop is free, after
+    `passes` turns of it.
+
+    Args:
+        arrival: The loop's time per request that reaches the server: the connection,
+            reading it, the middleware, its answer (served or refused).
+        left: The loop's time when a caller gives up on a request: the disconnect
+            and the cancelled handler (and the new connection its next request needs).
+        passes: The turns of the loop a request needs before its handler runs (for
+            a new connection: accept it, set it up, read the data, start the
+            handler's task); a busy loop runs a job between two.
+    """
+
+    arrival: float = 0.0
+    left: float = 0.0
+    passes: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class ServiceSpec:
     """A group of identical servers behind one load balancer.
 
@@ -168,6 +191,9 @@ class ServiceSpec:
         pools: The pools each server keeps for its outbound calls, by name.
         calls: Outbound dependencies by name.
         deadline: Deadline handling, or None for a service that ignores deadlines.
+        loop: Each server is one event loop on one core with these costs (None: its
+            work steps run in parallel, up to `workers`, and requests cost nothing
+            beyond them).
     """
 
     name: str
@@ -180,6 +206,7 @@ class ServiceSpec:
     pools: dict[str, PoolSpec] = field(default_factory=dict)
     calls: dict[str, CallSpec] = field(default_factory=dict)
     deadline: DeadlinePolicy | None = None
+    loop: LoopCosts | None = None
 
 
 @dataclass(frozen=True, slots=True)

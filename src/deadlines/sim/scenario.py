@@ -45,6 +45,7 @@ from .model import (
     DeadlinePolicy,
     Fault,
     LoadSpec,
+    LoopCosts,
     Model,
     PoolSpec,
     Route,
@@ -251,6 +252,7 @@ _SERVICE_KEYS = (
     "pools",
     "calls",
     "deadline",
+    "loop",
 )
 
 
@@ -266,6 +268,7 @@ def _service(name: str, raw: Any, key: _Key) -> ServiceSpec:
     pools_raw = read.table(raw.get("pools", {}), key(f"{path}.pools"))
     calls_raw = read.table(raw.get("calls", {}), key(f"{path}.calls"))
     deadline = raw.get("deadline", False)
+    loop = raw.get("loop")
     return ServiceSpec(
         name=name,
         servers=read.integer(raw.get("servers", 1), key(f"{path}.servers"), low=1, high=10_000),
@@ -280,6 +283,7 @@ def _service(name: str, raw: Any, key: _Key) -> ServiceSpec:
         pools={p: _pool(p, v, f"{path}.pools.{p}", key) for p, v in pools_raw.items()},
         calls={c: _call(c, v, f"{path}.calls.{c}", key) for c, v in calls_raw.items()},
         deadline=None if deadline is False else _deadline(deadline, f"{path}.deadline", key),
+        loop=None if loop is None else _loop(loop, f"{path}.loop", key),
     )
 
 
@@ -400,6 +404,19 @@ def _deadline(raw: Any, path: str, key: _Key) -> DeadlinePolicy:
             for flag in flags
         },
     )
+
+
+def _loop(raw: Any, path: str, key: _Key) -> LoopCosts:
+    raw = read.table(raw, key(path))
+    read.only(raw, key(path), ("arrival", "left", "passes"))
+    costs = {}
+    for field in ("arrival", "left"):
+        cost = read.duration(raw.get(field, 0.0), key(f"{path}.{field}")) or 0.0
+        if cost > 1.0:  # a second of CPU per request is a unit mistake, not a service
+            raise read.Invalid(key(f"{path}.{field}"), f"must be at most 1s, got {cost:g}s")
+        costs[field] = cost
+    passes = read.integer(raw.get("passes", 1), key(f"{path}.passes"), low=1, high=100)
+    return LoopCosts(arrival=costs["arrival"], left=costs["left"], passes=passes)
 
 
 # Load and faults.

@@ -80,6 +80,7 @@ class Server:
     __slots__ = (
         "blackhole",
         "busy",
+        "cpu_free",
         "down",
         "dropped",
         "hung",
@@ -112,7 +113,13 @@ class Server:
         self.down = False
         self.blackhole = False
         self.hung: set[str | None] = set()
+        self.cpu_free = 0.0  # when a loop server's core has done what it was given
         self.pools = {name: Pool(p.size) for name, p in service.spec.pools.items()}
+
+    def spend(self, now: float, seconds: float) -> float:
+        """A loop server's core takes `seconds` of work after what it has: when it ends."""
+        self.cpu_free = max(now, self.cpu_free) + seconds
+        return self.cpu_free
 
     def release_worker(self, sim: Simulation) -> None:
         """A worker is free: start the next queued request, dropping expired ones."""
