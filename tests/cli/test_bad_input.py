@@ -50,6 +50,8 @@ FILES: dict[str, bytes | str] = {
     "short.toml": SCENARIO.format(duration="1s", rate="10"),
     "a-file": "not a directory\n",
     "latin1.py": LATIN1,
+    "undeclared.py": LATIN1.split(b"\n", 1)[1],  # latin-1 without its coding line
+    "lying.py": b"# -*- coding: ascii -*-\n" + LATIN1.split(b"\n", 1)[1],
     "clean.py": "x = 1\n",
 }
 
@@ -142,6 +144,12 @@ CASES = {
     ),
     "plan-missing-file": Case(["plan", "nope.toml"], 2, ("nope.toml", "No such file")),
     "audit-missing-file": Case(["audit", "nope.py"], 2, ("nope.py", "cannot read")),
+    "audit-undeclared-latin1": Case(
+        ["audit", "undeclared.py"], 2, ("undeclared.py", "expected UTF-8", "0xe9 at offset 28")
+    ),
+    "audit-wrong-coding-line": Case(
+        ["audit", "lying.py"], 2, ("lying.py", "expected ascii text", "0xe9 at offset 52")
+    ),
     "pg-audit-bad-timeout": Case(
         ["pg-audit", "postgresql://127.0.0.1:1/x", "--connect-timeout", "nan"],
         2,

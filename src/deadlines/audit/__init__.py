@@ -119,6 +119,22 @@ def _filter(
     return findings
 
 
+def _undecodable(data: bytes, exc: SyntaxError | UnicodeDecodeError) -> str:
+    """Why `data` is not Python source text, with the first bad byte where one is."""
+    if isinstance(exc, SyntaxError):  # UTF-8 by default; or an unknown coding line
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as bad:
+            exc = bad
+        else:
+            return str(exc.msg)
+    if exc.encoding.replace("-", "").lower() == "utf8":
+        expected = "UTF-8 text (or a coding line naming its encoding)"
+    else:
+        expected = f"{exc.encoding} text, as its coding line says"
+    return f"expected {expected}, got byte 0x{data[exc.start]:02x} at offset {exc.start}"
+
+
 def audit_file(
     path: str | Path, *, select: Iterable[str] | None = None, ignore: Iterable[str] = ()
 ) -> list[Finding]:
@@ -134,7 +150,7 @@ def audit_file(
     try:
         source = importlib.util.decode_source(data)
     except (SyntaxError, UnicodeDecodeError) as exc:
-        raise AuditError(f"{path}: cannot read: {exc}") from exc
+        raise AuditError(f"{path}: cannot read: {_undecodable(data, exc)}") from exc
     return audit_source(source, str(path), select=select, ignore=ignore)
 
 

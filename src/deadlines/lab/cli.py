@@ -88,7 +88,7 @@ _SECTIONS = {
         "A service with a fixed capacity C gets 0.5 to 8 × C, then 0.5 × C again. With"
         " timeouts alone its queue grows until every answer comes after the deadline;"
         " naive retries multiply the load. Deadlines with admission, queue-delay shedding"
-        " and a retry budget keep it answering in time (issue 33's goals, measured).",
+        " and a retry budget keep it answering in time (the goals beside the measurement).",
     ),
 }
 
