@@ -152,6 +152,8 @@ def test_table_renders_text_and_markdown() -> None:
     table = report.Table("t", ["a", "bb"], [["1", "x|y"]], note="n")
     assert table.text().splitlines()[1].startswith("a  bb")
     assert "x\\|y" in table.markdown()
+    two_lines = report.Table("run: C = 10/s\nrun: timeouts", ["a"]).markdown()
+    assert two_lines.startswith("**run: C = 10/s**  \n**run: timeouts**\n")  # each line bold
     assert report.ms(2004.4) == "2,004 ms" and report.ms(None) == "-"
 
 

@@ -57,7 +57,8 @@ class Table:
         def line(cells: Sequence[str]) -> str:
             return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
-        out = [f"**{self.title}**", "", line(self.headers), line(["---"] * len(self.headers))]
+        title = [f"**{part}**" for part in self.title.splitlines()]  # bold stops at a newline
+        out = ["  \n".join(title), "", line(self.headers), line(["---"] * len(self.headers))]
         out.extend(line(row) for row in self.rows)
         if self.note:
             out += ["", self.note]
