@@ -52,6 +52,7 @@ from ._events import (
     RequestStarted,
     observe,
 )
+from ._gate import Gate, Refusal, RefusalReason
 from ._hedge import Hedge
 from ._latency import LatencyEstimate
 from ._limit import AdaptiveLimit
@@ -86,6 +87,7 @@ __all__ = [
     "Dependency",
     "Event",
     "FirstItemTimeout",
+    "Gate",
     "HeadersTimeout",
     "Hedge",
     "HedgeSent",
@@ -96,6 +98,8 @@ __all__ = [
     "Observer",
     "Phase",
     "PoolTimeout",
+    "Refusal",
+    "RefusalReason",
     "RequestFinished",
     "RequestStarted",
     "Retry",

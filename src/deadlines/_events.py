@@ -41,7 +41,11 @@ def _writes_slots(cls: type[_T]) -> type[_T]:
 
 
 CallOutcome = Literal["ok", "timeout", "deadline", "budget_exhausted", "cancelled", "error"]
-RequestOutcome = Literal["ok", "deadline", "caller_left", "budget_exhausted", "error"]
+#: ``"late"``: the deadline passed while the request waited in a `Gate` (504, no work);
+#: ``"shed"``: the `Gate` refused it to protect the service (503, no work).
+RequestOutcome = Literal[
+    "ok", "deadline", "caller_left", "budget_exhausted", "error", "late", "shed"
+]
 
 
 @_writes_slots
