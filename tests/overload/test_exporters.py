@@ -11,7 +11,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from deadlines import AttemptRefused, HedgeSent, LimitChanged, otel, prometheus
+from deadlines import (
+    AttemptRefused,
+    HedgeSent,
+    LimitChanged,
+    RequestFinished,
+    RequestStarted,
+    otel,
+    prometheus,
+)
 from deadlines._events import emit
 
 
@@ -72,3 +80,31 @@ def test_otel_counts_them_and_marks_the_span() -> None:
     finally:
         meters.shutdown()
         tracers.shutdown()
+
+
+def _emit_gate_outcomes() -> None:
+    for outcome in ("shed", "shed", "late", "ok"):
+        emit(RequestStarted("/quote", 1.0))
+        emit(RequestFinished("/quote", outcome, 0.001, 1.0))  # type: ignore[arg-type]
+
+
+def test_exporters_count_late_and_shed_requests() -> None:
+    """A gate's refusals are inbound outcomes of their own: "late" (504) and "shed" (503)."""
+    registry = CollectorRegistry()
+    with prometheus.install(registry):
+        _emit_gate_outcomes()
+        value = registry.get_sample_value
+        name = "deadlines_inbound_requests_total"
+        assert value(name, {"route": "/quote", "outcome": "shed"}) == 2
+        assert value(name, {"route": "/quote", "outcome": "late"}) == 1
+        assert value(name, {"route": "/quote", "outcome": "ok"}) == 1
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    try:
+        with otel.install(meters, TracerProvider()):
+            _emit_gate_outcomes()
+            requests = _points(reader, "deadlines.inbound.requests")
+            assert requests[(("outcome", "shed"), ("route", "/quote"))] == 2
+            assert requests[(("outcome", "late"), ("route", "/quote"))] == 1
+    finally:
+        meters.shutdown()
