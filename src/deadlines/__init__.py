@@ -44,15 +44,17 @@ from ._events import (
     CallFinished,
     CallStarted,
     Event,
+    GateReason,
     HedgeSent,
     JobDropped,
     LimitChanged,
     Observer,
     RequestFinished,
+    RequestRefused,
     RequestStarted,
     observe,
 )
-from ._gate import Gate, Refusal, RefusalReason
+from ._gate import Gate, Refusal
 from ._hedge import Hedge
 from ._latency import LatencyEstimate
 from ._limit import AdaptiveLimit
@@ -88,6 +90,7 @@ __all__ = [
     "Event",
     "FirstItemTimeout",
     "Gate",
+    "GateReason",
     "HeadersTimeout",
     "Hedge",
     "HedgeSent",
@@ -99,8 +102,8 @@ __all__ = [
     "Phase",
     "PoolTimeout",
     "Refusal",
-    "RefusalReason",
     "RequestFinished",
+    "RequestRefused",
     "RequestStarted",
     "Retry",
     "RetryBudget",

@@ -15,18 +15,11 @@ import asyncio
 import contextlib
 import json
 from collections import deque
-from typing import Literal
 
-from . import _clock, _validate
+from . import _clock, _events, _validate
 from ._admission import Admission
 from ._codel import CoDel
-from ._events import RequestOutcome
-
-#: Why a request was refused: ``"late"``, its deadline passed before its work could
-#: start (504); ``"admission"``, less time left than the route's usual service time;
-#: ``"codel"``, it waited too long in a standing queue; ``"queue"``, the queue was
-#: full (each 503, with ``Retry-After``).
-RefusalReason = Literal["late", "admission", "codel", "queue"]
+from ._events import GateReason, RequestOutcome, RequestRefused
 
 
 class Refusal:
@@ -40,8 +33,8 @@ class Refusal:
 
     __slots__ = ("reason", "retry_after")
 
-    def __init__(self, reason: RefusalReason, retry_after: int) -> None:
-        self.reason: RefusalReason = reason
+    def __init__(self, reason: GateReason, retry_after: int) -> None:
+        self.reason: GateReason = reason
         self.retry_after = retry_after
 
     @property
@@ -70,7 +63,7 @@ class _Waiter:
 
     __slots__ = ("arrived", "turn")
 
-    def __init__(self, arrived: float, turn: asyncio.Future[RefusalReason | None]) -> None:
+    def __init__(self, arrived: float, turn: asyncio.Future[GateReason | None]) -> None:
         self.arrived = arrived
         self.turn = turn
 
@@ -180,7 +173,13 @@ class Gate:
         if self.limit is not None:
             self._release()
 
-    async def _wait(self, arrived: float) -> RefusalReason | None:
+    def expired(self, route: str) -> None:
+        """A request on `route` left the queue because its deadline passed (its
+        middleware's timer cancelled it): report it as refused, late."""
+        if _events.observers:
+            _events.emit(RequestRefused(route, "late"))
+
+    async def _wait(self, arrived: float) -> GateReason | None:
         """Queue until a turn comes (None: it holds one) or CoDel sheds the request."""
         waiter = _Waiter(arrived, asyncio.get_running_loop().create_future())
         self._waiting.append(waiter)
@@ -196,7 +195,7 @@ class Gate:
                     self._waiting.remove(waiter)
             raise
 
-    def _check_start(self, route: str, at: float) -> RefusalReason | None:
+    def _check_start(self, route: str, at: float) -> GateReason | None:
         """At the start of the work: late, or too little time left for the route."""
         left = at - _clock.now()
         if left <= 0.0:
@@ -208,7 +207,7 @@ class Gate:
                 return "admission"
         return None
 
-    def _shed(self, arrived: float) -> RefusalReason | None:
+    def _shed(self, arrived: float) -> GateReason | None:
         codel = self.codel
         if codel is not None and codel.shed(_clock.now() - arrived):
             return "codel"
@@ -241,7 +240,9 @@ class Gate:
             self._busy += 1
             waiter.turn.set_result(None)
 
-    def _refuse(self, reason: RefusalReason, route: str) -> Refusal:
+    def _refuse(self, reason: GateReason, route: str) -> Refusal:
+        if _events.observers:
+            _events.emit(RequestRefused(route, reason))
         admission = self.admission
         return Refusal(reason, 1 if admission is None else admission.retry_after(route))
 

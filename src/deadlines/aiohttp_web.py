@@ -137,8 +137,11 @@ class DeadlineMiddleware:
                 outcome = answer_outcome(exc.status)
                 raise
             except DeadlineExceeded as exc:
-                # Passed while the request waited in the gate: late, the handler never ran.
-                outcome = "late" if watch.queued else deadline_outcome(exc)
+                outcome = deadline_outcome(exc)
+                if watch.queued:  # passed while it waited in the gate: the handler never ran
+                    outcome = "late"
+                    if watch.refusal is None and self._gate is not None:
+                        self._gate.expired(watch.route)
                 if not _response_started(request):
                     return self._timeout(watch, headers, limits_)
                 if not _delivered(request):
@@ -222,8 +225,7 @@ class DeadlineMiddleware:
             assert watch.frame is not None
             watch.queued = True
             refusal = await gate.enter(watch.route, watch.arrived, watch.frame.at)
-            watch.queued = False
-            if refusal is not None:
+            if refusal is not None:  # still `queued`: the deadline passing now is late
                 watch.refusal = refusal
                 if refusal.status == 504:
                     return self._timeout(watch, headers, limits_)
@@ -233,6 +235,7 @@ class DeadlineMiddleware:
                     content_type="application/json",
                     headers={"cache-control": "no-store", "retry-after": str(refusal.retry_after)},
                 )
+            watch.queued = False
             started = _clock.now()
             try:
                 return await handler(request)

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+import deadlines
 from deadlines import Admission, CoDel, Gate, Refusal
 from deadlines.testing import FakeClock
 
@@ -193,6 +194,23 @@ async def test_the_rejection_budget_caps_arrival_refusals(clock: FakeClock) -> N
     results = [await gate.enter("/r", now, now + 0.5) for _ in range(100)]
     refused = sum(1 for r in results if r is not None)
     assert 10 <= refused <= 20
+
+
+async def test_each_refusal_is_an_event(clock: FakeClock) -> None:
+    """`RequestRefused(route, reason)` for every refusal, for the metrics."""
+    seen: list[deadlines.Event] = []
+    unsubscribe = deadlines.observe(seen.append)
+    try:
+        gate = Gate(limit=1, queue=1)
+        now = clock.now()
+        assert await gate.enter("/r", now, now + 5) is None
+        waiter = await _queue(gate, "/r", now, now + 5)
+        assert await gate.enter("/r", now, now + 5) is not None
+        waiter.cancel()
+        await asyncio.sleep(0)
+    finally:
+        unsubscribe()
+    assert seen == [deadlines.RequestRefused("/r", "queue")]
 
 
 def test_refusal_body_says_why() -> None:

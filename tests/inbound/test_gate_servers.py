@@ -274,7 +274,8 @@ def test_the_rejection_budget_caps_refusals(serve: Serve, calls: Calls) -> None:
 
 @each_server
 def test_metrics_count_late_and_shed(serve: Serve) -> None:
-    """The inbound requests counter has outcomes "shed" and "late" (Prometheus)."""
+    """The inbound requests counter has outcomes "shed" and "late", the refusals
+    counter the gate's reason (Prometheus)."""
     from prometheus_client import CollectorRegistry
 
     from deadlines import prometheus
@@ -297,6 +298,9 @@ def test_metrics_count_late_and_shed(serve: Serve) -> None:
         assert value(name, {"route": "/work", "outcome": "shed"}) == 1
         assert value(name, {"route": "/work", "outcome": "late"}) == 1
         assert value(name, {"route": "/work", "outcome": "ok"}) == 4
+        refused = "deadlines_inbound_refused_total"
+        assert value(refused, {"route": "/work", "reason": "admission"}) == 1
+        assert value(refused, {"route": "/work", "reason": "late"}) == 1
 
 
 def test_a_gate_under_trio_is_refused() -> None:

@@ -14,7 +14,7 @@ from .. import _clock, _inbound
 from .._alarms import clock_for
 from .._errors import DeadlineExceeded
 from .._events import RequestOutcome
-from .._gate import Gate
+from .._gate import Gate, Refusal
 from .._inbound import Limits
 from .._request import Request, answer_outcome, deadline_outcome
 from .._scope import exceeded
@@ -65,6 +65,7 @@ class Exchange(Request):
     cancels = 0
     active = True
     queued = False  # waiting in the middleware's gate: a deadline then is "late"
+    refusal: Refusal | None = None  # what the gate refused the request with
     may_read_ahead = True
 
     def __init__(
@@ -160,8 +161,8 @@ class Exchange(Request):
         assert self.frame is not None
         self.queued = True
         refusal = await gate.enter(self.route, self.arrived, self.frame.at)
-        self.queued = False
-        if refusal is not None:
+        if refusal is not None:  # still `queued`: the deadline passing now is late
+            self.refusal = refusal
             if refusal.status == 504:
                 await self.answer_timeout(scope, limits_)
             else:
@@ -170,6 +171,7 @@ class Exchange(Request):
                            (b"retry-after", str(refusal.retry_after).encode())]  # fmt: skip
                 await self._answer(refusal.status, headers, body)
             return refusal.outcome
+        self.queued = False
         started = _clock.now()
         try:
             await app(scope, self.receive, self.send)

@@ -168,6 +168,8 @@ class DeadlineMiddleware:
             outcome, error = await exchange.failed(exc, scope, limits_)
             if exchange.queued and outcome in ("deadline", "budget_exhausted"):
                 outcome = "late"  # the deadline passed while it waited in the gate
+                if exchange.refusal is None and self.gate is not None:
+                    self.gate.expired(label)
             if error is exc:
                 raise
             if error is not None:
