@@ -96,6 +96,8 @@ class Gate:
 
     One gate serves one event loop (asyncio): it is not thread-safe, and its waiters
     are futures of the loop they were made on. Give each worker process or loop its own.
+    A handler that blocks the loop from its first instruction (CPU work, no ``await``)
+    hides from the gate the requests that arrive meanwhile: let the loop turn first.
     """
 
     __slots__ = ("_busy", "_waiting", "admission", "codel", "lifo", "limit", "queue")
