@@ -44,14 +44,17 @@ from ._events import (
     CallFinished,
     CallStarted,
     Event,
+    GateReason,
     HedgeSent,
     JobDropped,
     LimitChanged,
     Observer,
     RequestFinished,
+    RequestRefused,
     RequestStarted,
     observe,
 )
+from ._gate import Gate, Refusal
 from ._hedge import Hedge
 from ._latency import LatencyEstimate
 from ._limit import AdaptiveLimit
@@ -86,6 +89,8 @@ __all__ = [
     "Dependency",
     "Event",
     "FirstItemTimeout",
+    "Gate",
+    "GateReason",
     "HeadersTimeout",
     "Hedge",
     "HedgeSent",
@@ -96,7 +101,9 @@ __all__ = [
     "Observer",
     "Phase",
     "PoolTimeout",
+    "Refusal",
     "RequestFinished",
+    "RequestRefused",
     "RequestStarted",
     "Retry",
     "RetryBudget",

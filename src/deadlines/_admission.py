@@ -1,7 +1,7 @@
 """`Admission`: refuse at arrival the requests that cannot be answered in time.
 
-A building block for the inbound middlewares (not wired into them yet): they ask it
-when a request arrives, and tell it each request's service time when it ends.
+`deadlines.Gate` (the inbound middlewares' ``gate=``) asks it when a request arrives
+and when its work starts, and tells it each request's service time when it ends.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`CoDel`: shed requests that waited too long in a queue, after CoDel (Nichols, Jacobson).
 
-In the form Facebook uses on request queues: a building block for the inbound
-middlewares (not wired into them yet), which measure each request's queue delay (from
-its arrival to its handler's start) and ask whether to serve it.
+In the form Facebook uses on request queues. `deadlines.Gate` (the inbound middlewares'
+``gate=``) measures each request's queue delay (from its arrival to its handler's
+start) and asks it whether to serve the request.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class CoDel:
         with self._lock:
             now = _clock.now()
             if now >= self._until:
-                self.overloaded = self._lowest > self.target
+                # An interval with no request at all had no queue either.
+                self.overloaded = self.target < self._lowest < float("inf")
                 self._lowest = float("inf")
                 self._until = now + self.interval
             self._lowest = min(self._lowest, queue_delay)

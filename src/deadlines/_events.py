@@ -41,7 +41,11 @@ def _writes_slots(cls: type[_T]) -> type[_T]:
 
 
 CallOutcome = Literal["ok", "timeout", "deadline", "budget_exhausted", "cancelled", "error"]
-RequestOutcome = Literal["ok", "deadline", "caller_left", "budget_exhausted", "error"]
+#: ``"late"``: the deadline passed while the request waited in a `Gate` (504, no work);
+#: ``"shed"``: the `Gate` refused it to protect the service (503, no work).
+RequestOutcome = Literal[
+    "ok", "deadline", "caller_left", "budget_exhausted", "error", "late", "shed"
+]
 
 
 @_writes_slots
@@ -111,6 +115,23 @@ class JobDropped:
     late: float
 
 
+#: Why a `deadlines.Gate` refused a request: ``"late"``, its deadline passed before its
+#: work could start (504); ``"admission"``, less time left than the route's usual service
+#: time; ``"codel"``, it waited too long in a standing queue; ``"queue"``, the queue was
+#: full (each 503).
+GateReason = Literal["late", "admission", "codel", "queue"]
+
+
+@_writes_slots
+@dataclass(frozen=True, slots=True)
+class RequestRefused:
+    """A `deadlines.Gate` refused an inbound request on `route`, for `reason`, without
+    running it. Its `RequestFinished` follows, with outcome ``"late"`` or ``"shed"``."""
+
+    route: str
+    reason: GateReason
+
+
 #: What a client refused: a call (the throttle, the limit) or a retry (the retry budget).
 Refusal = Literal["throttled", "limit", "retry_budget"]
 
@@ -152,6 +173,7 @@ Event: TypeAlias = (
     | CallFinished
     | RequestStarted
     | RequestFinished
+    | RequestRefused
     | JobDropped
     | AttemptRefused
     | LimitChanged

@@ -32,7 +32,9 @@ DEFAULT_BUCKETS: Final[tuple[float, ...]] = (
 )
 
 PHASES: Final = frozenset({"pool", "connect", "headers", "body"})
-REQUEST_OUTCOMES: Final = frozenset({"ok", "deadline", "caller_left", "budget_exhausted", "error"})
+REQUEST_OUTCOMES: Final = frozenset(
+    {"ok", "deadline", "caller_left", "budget_exhausted", "error", "late", "shed"}
+)
 
 _log = logging.getLogger("deadlines")
 

@@ -40,6 +40,7 @@ from ._alarms import clock_for
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
+from ._gate import Gate, Refusal
 from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, limits_of
 from ._private.aiohttp_web import ended, headers_held, on_prepare
 from ._request import Request, answer_outcome, budget, deadline_outcome
@@ -69,6 +70,10 @@ class DeadlineMiddleware:
         routes: Limits per path pattern (``"/reports/*"``, ``"POST /upload"``); a handler
             marked with `limits` takes precedence.
         watch_every: Seconds between two checks of the caller's connection.
+        gate: A `deadlines.Gate` in front of the handlers: it refuses at once what
+            cannot be answered in time (503 with ``Retry-After``; 504 for a deadline
+            that passed while the request waited) and queues requests beyond its
+            limit. None (the default): every request goes straight to its handler.
     """
 
     __middleware_version__ = 1  # a new-style aiohttp middleware
@@ -82,7 +87,11 @@ class DeadlineMiddleware:
         header: str = wire.HEADER,
         routes: Mapping[str, Limits] | None = None,
         watch_every: float | timedelta = 0.01,
+        gate: Gate | None = None,
     ) -> None:
+        if gate is not None and not isinstance(gate, Gate):
+            raise TypeError(f"gate must be a deadlines.Gate, not {gate!r}")
+        self._gate = gate
         self._table = RouteTable(routes, Limits(default=default, maximum=maximum))
         self._reserve = _validate.seconds(reserve, "reserve")
         self._header = header_name(header)
@@ -109,7 +118,13 @@ class DeadlineMiddleware:
             if request.headers.get("Upgrade", "").lower() == "websocket":
                 watch.await_upgrade()
             try:
-                response = await watch.run(handler)
+                if self._gate is None:
+                    response = await watch.run(handler)
+                else:
+                    response = await watch.run(self._gated(watch, handler, headers, limits_))
+                    if watch.refusal is not None:  # answered without the handler
+                        outcome = watch.refusal.outcome
+                        return response
             except asyncio.CancelledError:
                 if watch.caller_left is not None:
                     outcome = "caller_left"
@@ -123,6 +138,10 @@ class DeadlineMiddleware:
                 raise
             except DeadlineExceeded as exc:
                 outcome = deadline_outcome(exc)
+                if watch.queued:  # passed while it waited in the gate: the handler never ran
+                    outcome = "late"
+                    if watch.refusal is None and self._gate is not None:
+                        self._gate.expired(watch.route)
                 if not _response_started(request):
                     return self._timeout(watch, headers, limits_)
                 if not _delivered(request):
@@ -195,6 +214,35 @@ class DeadlineMiddleware:
             method = getattr(handler, request.method.lower(), None)
             marked = limits_of(method) or marked
         return template or pattern or UNMATCHED, marked or table_limits
+
+    def _gated(self, watch: _Watch, handler: Handler, headers: Any, limits_: Limits) -> Handler:
+        """`handler` behind the gate: run once the gate lets the request through, else
+        the refusal's answer (noted in `watch.refusal`)."""
+        gate = self._gate
+        assert gate is not None
+
+        async def gated(request: web.Request) -> web.StreamResponse:
+            assert watch.frame is not None
+            watch.queued = True
+            refusal = await gate.enter(watch.route, watch.arrived, watch.frame.at)
+            if refusal is not None:  # still `queued`: the deadline passing now is late
+                watch.refusal = refusal
+                if refusal.status == 504:
+                    return self._timeout(watch, headers, limits_)
+                return web.Response(
+                    status=refusal.status,
+                    body=refusal.body(),
+                    content_type="application/json",
+                    headers={"cache-control": "no-store", "retry-after": str(refusal.retry_after)},
+                )
+            watch.queued = False
+            started = _clock.now()
+            try:
+                return await handler(request)
+            finally:
+                gate.leave(watch.route, started)
+
+        return gated
 
     def _timeout(self, request: Request, headers: Any, limits_: Limits) -> web.Response:
         body = request.timeout_body(headers, limits_, self._header)
@@ -323,6 +371,10 @@ class _Poller:
 class _Watch(Request):
     """One request's deadline (`Request`): runs the handler under it and cancels it when
     the connection is lost (a WebSocket's request is reported at its upgrade)."""
+
+    # Set only behind a gate (`DeadlineMiddleware._gated`): class-level defaults.
+    queued = False  # waiting in the gate: a deadline then is "late"
+    refusal: Refusal | None = None  # what the gate refused the request with
 
     def __init__(
         self, route: str, budget: float, started: float, request: web.Request, poller: _Poller

@@ -257,6 +257,7 @@ class _Recorder:
         self.requests_in_flight = _Tally(lock, "route")
         self.jobs_expired = _Tally(lock, "queue")
         self.refused = _Tally(lock, "dependency", "reason")
+        self.requests_refused = _Tally(lock, "route", "reason")
         self.hedges = _Tally(lock, "dependency")
         self.limit = _Tally(lock, "dependency")
         counters = [
@@ -266,6 +267,7 @@ class _Recorder:
             ("deadlines.inbound.requests", self.requests, "{request}", "Requests ended."),
             ("deadlines.inbound.caller_left", self.caller_left, "{request}", "Caller left."),
             ("deadlines.jobs.expired", self.jobs_expired, "{job}", "Expired jobs dropped."),
+            ("deadlines.inbound.refused", self.requests_refused, "{request}", "Gate refusals."),
             ("deadlines.outbound.refused", self.refused, "{call}", "Attempts not made."),
             ("deadlines.outbound.hedges", self.hedges, "{call}", "Backups sent."),
         ]
@@ -434,6 +436,8 @@ class _Recorder:
                 span.set_attribute("deadlines.request.budget", event.budget)
         elif isinstance(event, _events.RequestFinished):
             self._request_finished(event)
+        elif isinstance(event, _events.RequestRefused):
+            self.requests_refused.add((self._route(event.route), event.reason))
         elif isinstance(event, _events.JobDropped):
             self.jobs_expired.add((self._queue(event.queue),))
             span = trace.get_current_span()

@@ -22,6 +22,7 @@ to and keeps these series (all names are stable; see docs/metrics.md):
 | `deadlines_inbound_caller_left_total` | counter | route |
 | `deadlines_inbound_budget_seconds` | histogram | route |
 | `deadlines_inbound_in_flight` | gauge | route |
+| `deadlines_inbound_refused_total` | counter | route, reason |
 | `deadlines_jobs_expired_total` | counter | queue |
 | `deadlines_outbound_refused_total` | counter | dependency, reason |
 | `deadlines_outbound_limit` | gauge | dependency |
@@ -149,7 +150,7 @@ class Metrics:
         self.inbound_requests = Counter(
             "deadlines_inbound_requests",
             "Inbound requests that ended, by route template and outcome"
-            " (ok, deadline, caller_left, budget_exhausted, error).",
+            " (ok, deadline, caller_left, budget_exhausted, error, late, shed).",
             ["route", "outcome"],
             registry=None,
         )
@@ -173,6 +174,13 @@ class Metrics:
             ["route"],
             registry=None,
             multiprocess_mode="livesum",
+        )
+        self.inbound_refused = Counter(
+            "deadlines_inbound_refused",
+            "Inbound requests a gate refused without running them, by route template and"
+            " reason (late, admission, codel, queue).",
+            ["route", "reason"],
+            registry=None,
         )
         self.jobs_expired = Counter(
             "deadlines_jobs_expired",
@@ -213,6 +221,7 @@ class Metrics:
                 self.inbound_caller_left,
                 self.inbound_budget,
                 self.inbound_in_flight,
+                self.inbound_refused,
                 self.jobs_expired,
                 self.outbound_refused,
                 self.outbound_limit,
@@ -276,6 +285,8 @@ class Metrics:
             route.requests(outcome).inc()
             if outcome == "caller_left":
                 route.caller_left.inc()
+        elif isinstance(event, _events.RequestRefused):
+            self.inbound_refused.labels(self._route(event.route), event.reason).inc()
         elif isinstance(event, _events.JobDropped):
             self.jobs_expired.labels(self._queue(event.queue)).inc()
         elif isinstance(event, _events.AttemptRefused):

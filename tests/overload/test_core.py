@@ -350,3 +350,11 @@ def test_call_refused_is_a_deadlines_error_that_says_nothing_was_sent() -> None:
     assert not isinstance(exc, TimeoutError)
     assert exc.request_sent is False
     assert str(exc) == "pricing: call refused, its concurrency limit is reached; nothing was sent"
+
+
+def test_codel_an_idle_interval_is_no_standing_queue(clock: FakeClock) -> None:
+    """After an interval with no request at all, a burst is not taken for a standing queue."""
+    codel = CoDel(target=0.005, interval=0.1)
+    clock.advance(1.0)
+    assert not codel.shed(0.05)
+    assert not codel.overloaded

@@ -11,7 +11,16 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry
 
-from deadlines import AttemptRefused, HedgeSent, LimitChanged, otel, prometheus
+from deadlines import (
+    AttemptRefused,
+    HedgeSent,
+    LimitChanged,
+    RequestFinished,
+    RequestRefused,
+    RequestStarted,
+    otel,
+    prometheus,
+)
 from deadlines._events import emit
 
 
@@ -72,3 +81,40 @@ def test_otel_counts_them_and_marks_the_span() -> None:
     finally:
         meters.shutdown()
         tracers.shutdown()
+
+
+def _emit_gate_outcomes() -> None:
+    for reason, outcome in (("codel", "shed"), ("admission", "shed"), ("late", "late")):
+        emit(RequestStarted("/quote", 1.0))
+        emit(RequestRefused("/quote", reason))  # type: ignore[arg-type]
+        emit(RequestFinished("/quote", outcome, 0.001, 1.0))  # type: ignore[arg-type]
+    emit(RequestStarted("/quote", 1.0))
+    emit(RequestFinished("/quote", "ok", 0.001, 1.0))
+
+
+def test_exporters_count_late_and_shed_requests() -> None:
+    """A gate's refusals are inbound outcomes of their own, "late" (504) and "shed" (503),
+    and are counted by reason."""
+    registry = CollectorRegistry()
+    with prometheus.install(registry):
+        _emit_gate_outcomes()
+        value = registry.get_sample_value
+        name = "deadlines_inbound_requests_total"
+        assert value(name, {"route": "/quote", "outcome": "shed"}) == 2
+        assert value(name, {"route": "/quote", "outcome": "late"}) == 1
+        assert value(name, {"route": "/quote", "outcome": "ok"}) == 1
+        refused = "deadlines_inbound_refused_total"
+        assert value(refused, {"route": "/quote", "reason": "codel"}) == 1
+        assert value(refused, {"route": "/quote", "reason": "late"}) == 1
+    reader = InMemoryMetricReader()
+    meters = MeterProvider(metric_readers=[reader])
+    try:
+        with otel.install(meters, TracerProvider()):
+            _emit_gate_outcomes()
+            requests = _points(reader, "deadlines.inbound.requests")
+            assert requests[(("outcome", "shed"), ("route", "/quote"))] == 2
+            assert requests[(("outcome", "late"), ("route", "/quote"))] == 1
+            refused = _points(reader, "deadlines.inbound.refused")
+            assert refused[(("reason", "admission"), ("route", "/quote"))] == 1
+    finally:
+        meters.shutdown()

@@ -66,3 +66,24 @@ def overload() -> None:
         reason: str = exc.reason
         assert reason
     assert now and p95 and decision and retry_after and shed
+
+
+async def gate() -> None:
+    """The inbound gate and its refusals."""
+    gate = deadlines.Gate(
+        limit=4,
+        queue=100,
+        admission=deadlines.Admission(),
+        codel=deadlines.CoDel(target=0.05, interval=0.5),
+        lifo=True,
+    )
+    refusal: deadlines.Refusal | None = await gate.enter("/quote", 0.0, 1.0)
+    if refusal is not None:
+        reason: deadlines.GateReason = refusal.reason
+        status: int = refusal.status
+        body: bytes = refusal.body()
+        assert reason and status and body and refusal.retry_after
+    else:
+        gate.leave("/quote", 0.0)
+    event = deadlines.RequestRefused("/quote", "codel")
+    assert event.reason and gate.busy >= 0 and gate.waiting >= 0

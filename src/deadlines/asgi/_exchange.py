@@ -14,6 +14,7 @@ from .. import _clock, _inbound
 from .._alarms import clock_for
 from .._errors import DeadlineExceeded
 from .._events import RequestOutcome
+from .._gate import Gate, Refusal
 from .._inbound import Limits
 from .._request import Request, answer_outcome, deadline_outcome
 from .._scope import exceeded
@@ -63,6 +64,8 @@ class Exchange(Request):
     trio_sweeper: TrioSweeper | None = None  # under trio: registered with, until the end
     cancels = 0
     active = True
+    queued = False  # waiting in the middleware's gate: a deadline then is "late"
+    refusal: Refusal | None = None  # what the gate refused the request with
     may_read_ahead = True
 
     def __init__(
@@ -149,6 +152,32 @@ class Exchange(Request):
             return "error", exc
         await self.answer_gone()
         return "caller_left", None
+
+    async def through(
+        self, gate: Gate, app: ASGIApp, scope: Scope, limits_: Limits
+    ) -> RequestOutcome:
+        """Run `app` once `gate` lets the request through, else answer the refusal
+        (the app never sees a refused request); the outcome so far."""
+        assert self.frame is not None
+        self.queued = True
+        refusal = await gate.enter(self.route, self.arrived, self.frame.at)
+        if refusal is not None:  # still `queued`: the deadline passing now is late
+            self.refusal = refusal
+            if refusal.status == 504:
+                await self.answer_timeout(scope, limits_)
+            else:
+                body = refusal.body()
+                headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode()),
+                           (b"retry-after", str(refusal.retry_after).encode())]  # fmt: skip
+                await self._answer(refusal.status, headers, body)
+            return refusal.outcome
+        self.queued = False
+        started = _clock.now()
+        try:
+            await app(scope, self.receive, self.send)
+        finally:
+            gate.leave(self.route, started)
+        return "ok"
 
     async def answer_timeout(self, scope: Scope, limits_: Limits) -> None:
         mw = self._mw

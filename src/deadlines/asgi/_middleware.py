@@ -11,6 +11,7 @@ from typing import Any
 
 from .. import _clock, _events, _inbound, _loop, _validate, wire
 from .._events import RequestOutcome
+from .._gate import Gate
 from .._inbound import Limits
 from .._scope import running_trio
 from ._exchange import ASGIApp, Exchange, Receive, Scope, Send, Sweeper
@@ -44,6 +45,10 @@ class DeadlineMiddleware:
         read_ahead: Most request-body bytes buffered ahead of the app while watching
             for the caller leaving.
         watch_after: Seconds before the caller-left watcher starts.
+        gate: A `deadlines.Gate` in front of the app (asyncio only): it refuses at once
+            what cannot be answered in time (503 with ``Retry-After``; 504 for a
+            deadline that passed while the request waited) and queues requests beyond
+            its limit. None (the default): every request goes straight to the app.
     """
 
     def __init__(
@@ -57,12 +62,16 @@ class DeadlineMiddleware:
         routes: Mapping[str, Limits] | None = None,
         read_ahead: int = 1 << 20,
         watch_after: float | timedelta = 0.01,
+        gate: Gate | None = None,
     ) -> None:
         if not callable(app):
             raise TypeError(f"app must be an ASGI callable, not {app!r}")
         if isinstance(read_ahead, bool) or not isinstance(read_ahead, int) or read_ahead < 0:
             raise ValueError(f"read_ahead must be a number of bytes >= 0, got {read_ahead!r}")
+        if gate is not None and not isinstance(gate, Gate):
+            raise TypeError(f"gate must be a deadlines.Gate, not {gate!r}")
         self.app = app
+        self.gate = gate
         self._table = _inbound.RouteTable(routes, Limits(default=default, maximum=maximum))
         self._reserve = _validate.seconds(reserve, "reserve")
         self.header = _inbound.header_name(header)
@@ -150,10 +159,17 @@ class DeadlineMiddleware:
                     sweeper.wake()
             else:
                 exchange.register(expect)  # trio (or no loop: fails)
-            await self.app(scope, exchange.receive, exchange.send)
+            if self.gate is None:
+                await self.app(scope, exchange.receive, exchange.send)
+            else:
+                outcome = await exchange.through(self.gate, self.app, scope, limits_)
         except BaseException as exc:
             outcome = "error"  # should settling it fail too
             outcome, error = await exchange.failed(exc, scope, limits_)
+            if exchange.queued and outcome in ("deadline", "budget_exhausted"):
+                outcome = "late"  # the deadline passed while it waited in the gate
+                if exchange.refusal is None and self.gate is not None:
+                    self.gate.expired(label)
             if error is exc:
                 raise
             if error is not None:
@@ -183,6 +199,11 @@ class DeadlineMiddleware:
         trio = running_trio()
         if trio is None:
             return Exchange(self, receive, send, route, budget, started)
+        if self.gate is not None:
+            raise RuntimeError(
+                "DeadlineMiddleware(gate=...) runs under asyncio only (a Gate's queue is"
+                " made of asyncio futures): under trio, leave the gate out"
+            )
         version = scope.get("http_version")
         return TrioExchange(self, receive, send, route, budget, started, trio, version)
 

@@ -17,8 +17,9 @@ A variant is a set of switches joined by ``+``:
   connection error): at once with ``timeouts``, with `deadlines.Retry` with ``deadlines``;
 * ``budget``: a `deadlines.RetryBudget` (`retry_percent` of the calls) caps the retries;
 * ``limit``: a `deadlines.AdaptiveLimit` caps the requests in flight;
-* ``admission``, ``codel``: the service's flags (`deadlines.Admission`,
-  `deadlines.CoDel`, called by the service itself: the middlewares do not call them yet).
+* ``admission``, ``codel``: the service's flags: its middleware's `deadlines.Gate`
+  (one request at work, the others queued) with `deadlines.Admission`, with
+  `deadlines.CoDel` (and LIFO while a queue stands).
 
 Per load level: goodput (answers within the deadline per second), wasted work (the
 share of the service's work done for an answer that came too late or was never used),

@@ -6,24 +6,25 @@
 
 An aiohttp.web application behind `deadlines.aiohttp_web.DeadlineMiddleware` (each
 request's deadline from its ``x-request-timeout-ms`` header, 60 s without one).
-``GET /work?level=NAME`` queues a job; one worker takes the jobs in arrival order and
-spins the CPU for a fixed number of iterations (`--iterations`, or calibrated at start
-to take about `service-ms` on an idle core), so the service's capacity is about one job per
-`service-ms`. The work blocks the event loop, as CPU work in a Python service does.
+``GET /work?level=NAME`` spins the CPU for a fixed number of iterations
+(`--iterations`, or calibrated at start to take about `service-ms` on an idle core), one
+request at a time, so the service's capacity is about one request per `service-ms`. The
+work blocks the event loop, as CPU work in a Python service does.
 
-Without flags the worker serves every job, even one whose caller has left. The
-middlewares do not call the overload building blocks yet, so this service calls them
-itself:
+Without flags, one worker takes the requests from a queue in arrival order and serves
+every one, even one whose caller has left. With a protection, the middleware's
+`deadlines.Gate` (``gate=``) is the queue, with a limit of one request at work:
 
-* ``--admission``: `deadlines.Admission` at arrival (503 ``shed`` when the time left is
-  less than the learned service time, within its rejection budget), and at the start
-  of the work the same test with the time left then; a job whose caller left or whose
-  deadline passed is dropped unworked;
-* ``--codel``: `deadlines.CoDel` on each job's queue delay (arrival to start): 503.
+* ``--admission``: `deadlines.Admission` at arrival (503 when the time left is less
+  than the learned service time, within its rejection budget), and at the start of the
+  work the same test with the time left then; a request whose caller left or whose
+  deadline passed leaves the queue unworked;
+* ``--codel``: `deadlines.CoDel` on each request's queue delay (arrival to start): 503,
+  newest first while a queue stands (the gate's LIFO).
 
 ``GET /_stats`` reports, per level: arrived, served (work done), unused (work done for
-a caller that had left), refused (503/504 without work); and the CPU seconds spent on
-work and in all.
+a caller that had left, or after the deadline), refused (answered without work, by
+reason); and the CPU seconds spent on work and in all.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -42,6 +44,8 @@ from .._app import serve
 
 if TYPE_CHECKING:
     from aiohttp import web
+
+    Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 ROUTE = "/work"
 #: The longest the worker waits for an answer to go out before the next job.
@@ -71,8 +75,6 @@ def calibrate(seconds: float) -> int:
 @dataclass(slots=True)
 class _Job:
     level: str
-    arrived: float
-    expires: float
     done: asyncio.Future[int] = field(default_factory=asyncio.Future)
     sent: asyncio.Event = field(default_factory=asyncio.Event)
     abandoned: bool = False
@@ -102,11 +104,10 @@ class _Level:
 
 @dataclass
 class Service:
-    """The queue, the worker and the counters."""
+    """The work, the counters, and without a gate the queue and its worker."""
 
     iterations: int
-    admission: deadlines.Admission | None
-    codel: deadlines.CoDel | None
+    gate: deadlines.Gate | None = None
     queue: asyncio.Queue[_Job] = field(default_factory=asyncio.Queue)
     levels: dict[str, _Level] = field(default_factory=dict)
     work_cpu: float = 0.0
@@ -115,27 +116,17 @@ class Service:
         """The counters of load level `name`."""
         return self.levels.setdefault(name, _Level())
 
+    def _spin(self) -> None:
+        cpu = time.process_time()
+        spin(self.iterations)  # blocks the loop: CPU work
+        self.work_cpu += time.process_time() - cpu
+
     async def worker(self) -> None:
-        """Serve the queue in arrival order, one job at a time."""
+        """Without a gate: serve the queue in arrival order, one job at a time, each."""
         while True:
             job = await self.queue.get()
             counts = self.level(job.level)
-            if self.admission is not None and job.abandoned:
-                counts.refuse("left")  # the caller left (or its deadline passed): no work
-                continue
-            started = time.monotonic()
-            reason = self._refuse(job, started)
-            if reason:
-                counts.refuse(reason)
-                if not job.done.done():
-                    job.done.set_result(503)
-                await asyncio.sleep(0)  # the refusal goes out now, not after the next job
-                continue
-            cpu = time.process_time()
-            spin(self.iterations)  # blocks the loop: CPU work
-            self.work_cpu += time.process_time() - cpu
-            if self.admission is not None:
-                self.admission.observe(ROUTE, time.monotonic() - started)
+            self._spin()
             counts.served += 1
             if job.abandoned or job.done.done():
                 counts.unused += 1
@@ -146,36 +137,51 @@ class Service:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(job.sent.wait(), _SEND_WAIT)
 
-    def _refuse(self, job: _Job, started: float) -> str:
-        """Why to refuse `job` now ("" to serve it)."""
-        if self.codel is not None and self.codel.shed(started - job.arrived):
-            return "codel"
-        if self.admission is None:
-            return ""
-        expected = self.admission.expected(ROUTE)
-        return "too_late" if expected is not None and job.expires - started < expected else ""
+    async def count(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Outside the deadline middleware: count arrivals, and refusals by reason (the
+        gate's answers never reach `work`)."""
+        if request.path != ROUTE:
+            return await handler(request)
+        counts = self.level(request.query.get("level", "-"))
+        counts.arrived += 1
+        try:
+            response = await handler(request)
+        except asyncio.CancelledError:
+            if not request.get("worked"):
+                counts.refuse("left")
+            raise
+        if not request.get("worked"):
+            counts.refuse(_reason(response))
+        return response
 
-    async def work(self, request: web.Request) -> web.Response:
-        """``GET /work``: queue a job and answer when it is done (or refused)."""
+    async def work(self, request: web.Request) -> web.StreamResponse:
+        """``GET /work``: the work, here behind the gate, else queued for the worker."""
+        if self.gate is None:
+            return await self._queued(request)
         from aiohttp import web
 
+        request["worked"] = True
+        counts = self.level(request.query.get("level", "-"))
+        # The work blocks the loop: first let the requests that arrived meanwhile reach
+        # the gate, so that they wait in its queue (with their arrival times), not unseen
+        # in the loop's.
+        await asyncio.sleep(0)
+        self._spin()
+        counts.served += 1
+        if request.transport is None or deadlines.remaining() <= 0.0:
+            counts.unused += 1  # the caller left, or the answer is too late: a 504
+        return web.Response(text="done")
+
+    async def _queued(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
+        request["worked"] = True  # served by the worker: its counts
         name = request.query.get("level", "-")
-        counts = self.level(name)
-        counts.arrived += 1
-        if self.admission is not None:
-            decision = self.admission.decide(ROUTE, deadlines.remaining())
-            if decision != "admit":
-                counts.refuse(decision)
-                status = 504 if decision == "late" else 503
-                retry_after = str(self.admission.retry_after(ROUTE))
-                return web.Response(status=status, text=decision,
-                                    headers={"Retry-After": retry_after})  # fmt: skip
-        now = time.monotonic()
-        job = _Job(name, now, now + deadlines.remaining())
+        job = _Job(name)
         self.queue.put_nowait(job)
         try:
             status = await job.done
-            response = web.Response(status=status, text="done" if status == 200 else "shed")
+            response = web.Response(status=status, text="done")
             await response.prepare(request)
             await response.write_eof()
         except asyncio.CancelledError:
@@ -192,11 +198,21 @@ class Service:
         return web.json_response(
             {
                 "levels": {k: v.as_dict() for k, v in self.levels.items()},
-                "queued": self.queue.qsize(),
+                "queued": self.queue.qsize() + (self.gate.waiting if self.gate else 0),
                 "work_cpu_s": round(self.work_cpu, 4),
                 "cpu_s": round(time.process_time(), 4),
             }
         )
+
+
+def _reason(response: web.StreamResponse) -> str:
+    """Why the middleware answered `response` without the work: the gate's reason (503),
+    late (504), the caller left (499)."""
+    body = getattr(response, "body", None)
+    if response.status == 503 and isinstance(body, bytes):
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            return str(json.loads(body)["reason"])
+    return {504: "late", 499: "left"}.get(response.status, str(response.status))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -216,14 +232,25 @@ def main(argv: list[str] | None = None) -> None:
 
         from deadlines.aiohttp_web import DeadlineMiddleware
 
-        service = Service(
-            args.iterations or calibrate(args.service_ms / 1000.0),
-            deadlines.Admission(rejection_budget=args.rejection_budget) if args.admission else None,
-            deadlines.CoDel(target=args.codel_target, interval=args.codel_interval)
-            if args.codel
-            else None,
-        )
-        app = web.Application(middlewares=[DeadlineMiddleware(default=60.0, maximum=60.0)])
+        gate = None
+        if args.admission or args.codel:
+            gate = deadlines.Gate(
+                limit=1,  # the one worker
+                admission=deadlines.Admission(rejection_budget=args.rejection_budget)
+                if args.admission
+                else None,
+                codel=deadlines.CoDel(target=args.codel_target, interval=args.codel_interval)
+                if args.codel
+                else None,
+            )
+        service = Service(args.iterations or calibrate(args.service_ms / 1000.0), gate)
+        deadline = DeadlineMiddleware(default=60.0, maximum=60.0, gate=gate)
+
+        @web.middleware
+        async def count(request: web.Request, handler: Handler) -> web.StreamResponse:
+            return await service.count(request, handler)
+
+        app = web.Application(middlewares=[count, deadline])
         app.router.add_get(ROUTE, service.work)
         app.router.add_get("/_stats", service.stats)
         runner = web.AppRunner(app, access_log=None)
@@ -231,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
         site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096, shutdown_timeout=0.2)
         await site.start()
         port = runner.addresses[0][1]
-        worker = asyncio.create_task(service.worker())
+        worker = asyncio.create_task(service.worker())  # idle behind a gate
 
         async def cleanup() -> None:
             worker.cancel()
