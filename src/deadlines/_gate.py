@@ -1,4 +1,4 @@
-"""`Gate`: the waiting room in front of a service's handlers (issue 33, inbound).
+"""`Gate`: the waiting room in front of a service's handlers.
 
 The inbound middlewares (ASGI under asyncio, aiohttp.web) take one as ``gate=``. It
 decides, for each request, whether it is worth starting, and when: `Admission` at

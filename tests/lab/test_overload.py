@@ -159,8 +159,8 @@ class TestQuickRun:
         """The tables print within 100 columns; the goals table says met or missed."""
         tables = overload.tables(quick_all.data["overload"])
         goals = tables[-1]
-        assert goals.title == "overload: the issue's goals"
+        assert goals.title == "overload: the goals"
         assert {row[3] for row in goals.rows} <= {"met", "missed", "shown"}
         for table in tables:
             assert all(len(line) <= 100 for line in table.text().splitlines()), table.title
-        assert "overload: the issue's goals" in quick_all.run.stdout
+        assert "overload: the goals" in quick_all.run.stdout

@@ -1,4 +1,4 @@
-"""Experiment `overload` (issue 33): keep goodput when more work arrives than fits.
+"""Experiment `overload`, beyond the chapter: keep goodput when more work arrives than fits.
 
 One service process does fixed CPU work per request (`service`); its capacity C is
 measured at the start (a short closed-loop run), so the loads are relative to what this
@@ -408,7 +408,7 @@ def _level(v: dict[str, Any], load: float) -> dict[str, Any] | None:
 
 
 def tables(result: dict[str, Any]) -> list[report.Table]:
-    """One table per variant (a row per load level), and the issue's goals."""
+    """One table per variant (a row per load level), and the goals."""
     p = result["params"]
     cap = result["capacity"]
     out = []
@@ -465,8 +465,8 @@ def _worst_rate(v: dict[str, Any]) -> str:
 
 
 def goals(result: dict[str, Any]) -> report.Table:
-    """The issue's goals, each with what was measured: met or missed."""
-    table = report.Table("overload: the issue's goals", ["goal", "variant", "measured", "verdict"])
+    """The goals, each with what was measured: met or missed."""
+    table = report.Table("overload: the goals", ["goal", "variant", "measured", "verdict"])
     variants = result["variants"]
     p = result["params"]
     for name in _protected(result):
