@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import aiohttp
 import pytest
@@ -149,22 +148,3 @@ async def test_a_connector_or_response_class_of_the_users(server: str) -> None:
             assert [e.outcome for e in seen] == ["ok"]
     with pytest.raises(TypeError, match="with connector= of your own"):
         daiohttp.session(DEP, connector=aiohttp.TCPConnector(), ssl=False)
-
-
-async def test_a_request_class_of_the_users(server: str) -> None:
-    """request_class= is taken, ours mixed in: its send runs, and the time left goes out."""
-    sent: list[str] = []
-
-    class Mine(aiohttp.ClientRequest):
-        def send(self, conn: Any) -> Any:
-            sent.append(self.headers["x-request-timeout-ms"])  # ours ran first
-            return super().send(conn)
-
-    with finished_events() as seen:
-        async with (
-            daiohttp.session(DEP, request_class=Mine) as http,
-            http.get(server + "/landed") as response,
-        ):
-            text = await response.text()
-    assert text == f"landed {sent[0]}" and 0 < int(sent[0]) <= 800
-    assert [e.outcome for e in seen] == ["ok"]

@@ -50,12 +50,6 @@ def test_the_connector_steps_we_override_keep_their_shape() -> None:
     assert "self._wait_for_available_connection(key, traces)" in source
 
 
-def test_the_request_is_sent_as_we_hook_it() -> None:
-    """aiohttp sends each request through its class's ``send(conn)`` once connected."""
-    assert _parameters(aiohttp.ClientRequest.send) == ["self", "conn"]
-    assert inspect.iscoroutinefunction(aiohttp.ClientRequest.send)
-
-
 def test_the_protocols_read_timer_is_there() -> None:
     """The body's idle timer is started through the connection's protocol, as pinned."""
     from aiohttp.client_proto import ResponseHandler

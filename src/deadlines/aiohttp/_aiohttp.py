@@ -6,8 +6,7 @@
   ``connection_queued_*`` and ``connection_create_*`` trace events. aiohttp's public
   seam for this, `TraceConfig`, makes every request build and await all of its ~10
   trace events once any trace config is set: that cost more than half of aiohttp's own
-  time per call. `Request` (the session's request class) tells the call when its
-  connection is ready, as aiohttp sends it (``ClientRequest.send``).
+  time per call.
 * `start_idle_timer` starts aiohttp's own per-read timer (``sock_read``) for the rest of
   a body, through the connection's protocol.
 * `twin_request` copies a request for a hedge's backup, which aiohttp has no public way
@@ -20,7 +19,6 @@ that changes them fails the tests loudly.
 from __future__ import annotations
 
 import copy
-from collections.abc import Coroutine
 from typing import Any
 
 from .. import _clock
@@ -37,20 +35,21 @@ SEAMS = {
 class Connector(aiohttp.TCPConnector):
     """The dependency's pool, telling the call in this task when each phase begins."""
 
-    # Plain functions returning aiohttp's coroutine, not coroutines themselves: no frame
-    # of ours runs per call on a reused connection (~1 µs of a 70 µs call).
-
-    def connect(
+    async def connect(
         self, req: aiohttp.ClientRequest, traces: list[Any], timeout: aiohttp.ClientTimeout
-    ) -> Coroutine[Any, Any, aiohttp.connector.Connection]:
-        """A pooled or new connection (`Request.send` tells the call it is ready)."""
+    ) -> aiohttp.connector.Connection:
+        """A pooled or new connection; then the request goes out with the header set."""
         if current.get() is None:  # no call would bound it: refuse rather than hang
             raise RuntimeError(
                 "a request of a deadlines.aiohttp session ran without its middleware"
                 " (a request's middlewares= replaces the session's): put"
                 " deadlines.aiohttp.middleware(dependency) first in it"
             )
-        return super().connect(req, traces, timeout)
+        connection = await super().connect(req, traces, timeout)
+        call = current.get()
+        assert call is not None
+        call.connection_ready(req)
+        return connection
 
     async def _wait_for_available_connection(self, key: Any, traces: list[Any]) -> None:
         call = current.get()
@@ -71,19 +70,6 @@ class Connector(aiohttp.TCPConnector):
             call.pool_wait = 0.0
         call.arm("connect")
         return await super()._create_connection(req, traces, timeout)
-
-
-class Request(aiohttp.ClientRequest):
-    """A request of the dependency's session: sent the moment its connection is ready."""
-
-    def send(
-        self, conn: aiohttp.connector.Connection
-    ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
-        """The call's connection is ready: the time left in the header, then aiohttp's send."""
-        call = current.get()
-        assert call is not None  # `Connector.connect` refused a request without one
-        call.connection_ready(self)
-        return super().send(conn)
 
 
 def start_idle_timer(response: aiohttp.ClientResponse, idle: float) -> None:

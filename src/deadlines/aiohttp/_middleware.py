@@ -47,15 +47,11 @@ class Middleware:
         self.dependency = dependency
         self._own_connector = own_connector
         self._eager = eager or not own_connector
-        # Chosen once (a Dependency is frozen): most requests go straight to one attempt.
-        self._plain = dependency.retry is None and dependency.hedge is None
 
     def __call__(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
     ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
         # Returns the attempt's coroutine rather than being one: one coroutine less.
-        if self._plain:
-            return self._attempt(request, handler)
         if self.dependency.retry is None:
             return self._one(request, handler)
         return self._with_retries(request, handler)

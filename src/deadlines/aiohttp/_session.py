@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from .._dependency import Dependency
-from ._aiohttp import Connector, Request
+from ._aiohttp import Connector
 from ._lib import aiohttp
 from ._middleware import Middleware
 from ._response import Response
@@ -53,11 +53,9 @@ def session(dependency: Dependency, **kwargs: Any) -> aiohttp.ClientSession:
     dependency's limits; none by default), ``connector=`` (then the middleware cannot
     tell the pool, connect and headers phases apart: the head is bounded by the call's
     total and the deadline), ``response_class=`` (a subclass of `Response` keeps the
-    end-of-call report at release; another has it mixed in), ``request_class=`` (with
-    the session's own connector, mixed in likewise). A request given its own
-    ``middlewares=`` replaces the session's, ours included: put
-    ``deadlines.aiohttp.middleware(dependency)`` first in it. Create the session inside
-    a running event loop.
+    end-of-call report at release). A request given its own ``middlewares=`` replaces
+    the session's, ours included: put ``deadlines.aiohttp.middleware(dependency)``
+    first in it. Create the session inside a running event loop.
     """
     if not isinstance(dependency, Dependency):
         raise TypeError(f"dependency must be a deadlines.Dependency, not {dependency!r}")
@@ -70,14 +68,13 @@ def session(dependency: Dependency, **kwargs: Any) -> aiohttp.ClientSession:
             timeout_ceil_threshold=math.inf,
             **connector_options,
         )
-        kwargs["request_class"] = _mixed(Request, kwargs.get("request_class"))
     elif connector_options:
         raise TypeError(
             f"{', '.join(sorted(connector_options))}: options of the connector this"
             " session makes; with connector= of your own, set them on it"
         )
     kwargs.setdefault("timeout", _NO_TIMEOUT)
-    kwargs["response_class"] = _mixed(Response, kwargs.get("response_class"))
+    kwargs["response_class"] = _response_class(kwargs.get("response_class"))
     ours = Middleware(
         dependency,
         own_connector=own_connector,
@@ -98,14 +95,14 @@ def middleware(dependency: Dependency) -> Middleware:
     return Middleware(dependency, own_connector=False, eager=True)
 
 
-_MIXED: dict[tuple[type[Any], type[Any]], type[Any]] = {}
+_MIXED: dict[type[aiohttp.ClientResponse], type[Response]] = {}
 
 
-def _mixed(ours: type[Any], given: type[Any] | None) -> type[Any]:
-    """`ours` (a request or response class), or the caller's with it mixed in (made once)."""
-    if given is None or issubclass(given, ours):
-        return given or ours
-    mixed = _MIXED.get((ours, given))
+def _response_class(given: type[aiohttp.ClientResponse] | None) -> type[Response]:
+    """`Response`, or the caller's response class with it mixed in (made once)."""
+    if given is None or issubclass(given, Response):
+        return given or Response
+    mixed = _MIXED.get(given)
     if mixed is None:
-        mixed = _MIXED[ours, given] = type(given.__name__, (ours, given), {})
+        mixed = _MIXED[given] = type(given.__name__, (Response, given), {})
     return mixed
