@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any
 
-from .. import retry
+from .. import _loop, retry
 from .._dependency import Dependency
 from ..wire import HEADER
 from ._aiohttp import start_idle_timer
@@ -47,11 +47,15 @@ class Middleware:
         self.dependency = dependency
         self._own_connector = own_connector
         self._eager = eager or not own_connector
+        # Known once (a Dependency is frozen): most requests go straight to one attempt.
+        self._plain = dependency.retry is None and dependency.hedge is None
 
     def __call__(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
     ) -> Coroutine[Any, Any, aiohttp.ClientResponse]:
         # Returns the attempt's coroutine rather than being one: one coroutine less.
+        if self._plain:
+            return self._attempt(request, handler)
         if self.dependency.retry is None:
             return self._one(request, handler)
         return self._with_retries(request, handler)
@@ -89,7 +93,9 @@ class Middleware:
     async def _attempt(
         self, request: aiohttp.ClientRequest, handler: aiohttp.ClientHandlerType
     ) -> aiohttp.ClientResponse:
-        call = Call(self.dependency, asyncio.get_running_loop())  # BudgetExhausted: not sent
+        # `_loop.running()` first: 3.11's get_running_loop() makes a getpid() system call.
+        loop = _loop.running() or asyncio.get_running_loop()
+        call = Call(self.dependency, loop)  # BudgetExhausted: nothing was sent
         call.__enter__()
         token = current.set(call)
         try:
