@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     import aiohttp
 
 SWITCHES = ("timeouts", "deadlines", "retries", "budget", "limit", "admission", "codel")
-#: The issue's four variants.
+#: The four variants run by default.
 VARIANTS = (
     "timeouts",
     "timeouts+retries",
