@@ -9,6 +9,7 @@ answers more in time than timeouts alone, and that every figure is within its ra
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -93,6 +94,20 @@ def _run(p: overload.Params, answered: list[bool]) -> LoadRun:
         shot.status = 200
         run.shots.append(shot)
     return run
+
+
+def test_goodput_over_c_warns_that_c_was_measured_low() -> None:
+    """A level answered at 150 % of C says C was measured low; 100 % says nothing."""
+
+    def result(pct: float) -> dict[str, Any]:
+        level = {"load": 4.0, "level": "4x", "goodput_pct_of_c": pct, "wasted_pct": 0.0,
+                 "p50_ms": 10.0, "refused": 0}  # fmt: skip
+        variant = {"levels": [level], "recovery_s": 0.5}
+        return {"variants": {"deadlines+admission": variant}, "params": {"recover_for": 6}}
+
+    assert "measured low" not in overload.goals(result(100.0)).note
+    warned = overload.goals(result(150.0)).note
+    assert "150% of C" in warned and "measured low" in warned
 
 
 def test_recovery_is_the_time_until_every_later_window_is_answered_in_time() -> None:

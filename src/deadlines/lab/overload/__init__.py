@@ -507,7 +507,27 @@ def goals(result: dict[str, Any]) -> report.Table:
         if any(_short(n) != n for n in variants)
         else ""
     )
+    table.note += _capacity_warning(result)
     return table
+
+
+def _capacity_warning(result: dict[str, Any]) -> str:
+    """A warning when some level answered well over C: C was measured low (the machine
+    was busier while C was measured than later), so every share of C reads high."""
+    over = [
+        (name, lv["load"], lv["goodput_pct_of_c"])
+        for name, v in result["variants"].items()
+        for lv in v["levels"]
+        if lv["goodput_pct_of_c"] > 110.0
+    ]
+    if not over:
+        return ""
+    name, load, pct = max(over, key=lambda o: o[2])
+    return (
+        f" Warning: goodput reached {pct:.0f}% of C ({_short(name)}, {load:g} × C): C was"
+        " measured low, as on a machine busier then than during the run; shares of C, and"
+        " the verdicts on them, read high. Run on a quieter machine."
+    )
 
 
 def _short(name: str) -> str:
