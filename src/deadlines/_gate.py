@@ -152,6 +152,8 @@ class Gate:
         if limit is None:
             return None
         if self._busy < limit and not self._waiting:
+            # No wait: the arrival's tests just ran (admission again would refuse
+            # outside its budget), only CoDel's turn to see the (zero) queue delay.
             self._busy += 1
             reason = self._shed(arrived)
         elif len(self._waiting) >= self.queue:
@@ -160,7 +162,6 @@ class Gate:
             reason = await self._wait(arrived)
             if reason is not None:  # shed from the queue: it held no turn
                 return self._refuse(reason, route)
-        if reason is None:
             reason = self._check_start(route, at)
         if reason is not None:
             self._release()
@@ -198,15 +199,14 @@ class Gate:
             raise
 
     def _check_start(self, route: str, at: float) -> GateReason | None:
-        """At the start of the work: late, or too little time left for the route."""
+        """At the turn after a wait: late, or too little time left for the route (a
+        refusal the rejection budget allows)."""
         left = at - _clock.now()
         if left <= 0.0:
             return "late"
         admission = self.admission
-        if admission is not None:
-            expected = admission.expected(route)
-            if expected is not None and left < expected:
-                return "admission"
+        if admission is not None and admission.recheck(route, left) != "admit":
+            return "admission"
         return None
 
     def _shed(self, arrived: float) -> GateReason | None:

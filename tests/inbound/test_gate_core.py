@@ -230,3 +230,48 @@ def test_options_are_validated() -> None:
     with pytest.raises(TypeError, match="Admission"):
         Gate(admission=0.5)  # type: ignore[arg-type]
     assert not Gate(limit=2, codel=CoDel(), lifo=False).lifo
+
+
+async def test_with_a_limit_refusals_stay_within_the_budget_and_the_route_recovers(
+    clock: FakeClock,
+) -> None:
+    """A learned time above every caller's budget: the rejection budget still lets some
+    through (the start is not tested again unbudgeted), and their shorter service times
+    bring the estimate down until nothing is refused."""
+    admission = Admission(min_samples=1, samples=8, rejection_budget=0.2)
+    for _ in range(8):
+        admission.observe("/r", 1.0)
+    gate = Gate(limit=8, admission=admission)
+    refused = []
+    for _ in range(200):
+        now = clock.now()
+        refusal = await gate.enter("/r", now, now + 0.5)
+        refused.append(refusal is not None)
+        if refusal is None:
+            clock.advance(0.1)
+            gate.leave("/r", now)
+    assert sum(refused[:100]) <= 20
+    assert admission.expected("/r") == pytest.approx(0.1)
+    assert not any(refused[100:])
+
+
+async def test_the_recheck_at_the_turn_is_budgeted(clock: FakeClock) -> None:
+    """Refusals when the turn comes draw on the same rejection budget as arrivals."""
+    admission = Admission(min_samples=1, rejection_budget=0.2)
+    admission.observe("/r", 0.3)
+    gate = Gate(limit=1, admission=admission)
+    refused = 0
+    for _ in range(50):
+        now = clock.now()
+        assert await gate.enter("/r", now, now + 60) is None
+        waiter = await _queue(gate, "/r", now, now + 0.5)
+        clock.advance(0.3)
+        gate.leave("/r", now)  # 0.3 s: 0.2 s is left to the waiter
+        await asyncio.sleep(0)
+        refusal = waiter.result()
+        if refusal is None:
+            gate.leave("/r", now)
+        else:
+            assert refusal.reason == "admission"
+            refused += 1
+    assert 1 <= refused <= 20
