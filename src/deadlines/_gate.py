@@ -168,10 +168,12 @@ class Gate:
             return self._refuse(reason, route)
         return None
 
-    def leave(self, route: str, started: float) -> None:
-        """The work of a request let through (at `started`) ended: learn its service
-        time, and give its turn to the next request."""
-        if self.admission is not None:
+    def leave(self, route: str, started: float, *, learn: bool = True) -> None:
+        """The work of a request let through (at `started`) ended: give its turn to the
+        next request and, when `learn` (the work ended normally, with an answer), learn
+        its service time. Work cut short (its deadline, its caller leaving, an error)
+        says nothing of the route's service time: pass ``learn=False``."""
+        if learn and self.admission is not None:
             self.admission.observe(route, max(0.0, _clock.now() - started))
         if self.limit is not None:
             self._release()

@@ -237,10 +237,13 @@ class DeadlineMiddleware:
                 )
             watch.queued = False
             started = _clock.now()
+            learn = False
             try:
-                return await handler(request)
+                response = await handler(request)
+                learn = watch.caller_left is None and answer_outcome(response.status) == "ok"
+                return response
             finally:
-                gate.leave(watch.route, started)
+                gate.leave(watch.route, started, learn=learn)
 
         return gated
 

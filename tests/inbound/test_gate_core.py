@@ -275,3 +275,17 @@ async def test_the_recheck_at_the_turn_is_budgeted(clock: FakeClock) -> None:
             assert refusal.reason == "admission"
             refused += 1
     assert 1 <= refused <= 20
+
+
+async def test_leave_learns_only_when_told(clock: FakeClock) -> None:
+    """Work cut short (deadline, caller gone, error) is no service time to learn."""
+    admission = Admission(min_samples=1)
+    gate = Gate(limit=1, admission=admission)
+    now = clock.now()
+    assert await gate.enter("/r", now, now + 5) is None
+    clock.advance(0.1)
+    gate.leave("/r", now, learn=False)
+    assert admission.expected("/r") is None and gate.busy == 0
+    assert await gate.enter("/r", now, now + 5) is None
+    gate.leave("/r", now)
+    assert admission.expected("/r") == pytest.approx(0.1)

@@ -331,3 +331,17 @@ def test_the_gate_option_is_validated() -> None:
         DeadlineMiddleware(print, default=1, maximum=1, gate=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Gate"):
         AiohttpMiddleware(default=1, maximum=1, gate=deadlines.Admission())  # type: ignore[arg-type]
+
+
+@each_server
+def test_work_cut_short_is_not_learned(serve: Serve) -> None:
+    """Callers with less time left than the route takes, all admitted (no rejection
+    budget): their deadlines cut the work at ~0.1 s, which is not the route's service
+    time."""
+    admission = Admission(min_samples=3, rejection_budget=0.0)
+    with serve(Gate(limit=4, admission=admission)) as url:
+        _learn(url, 300)
+        for i in range(5):
+            response = httpx.get(f"{url}/work", params={"ms": 300, "id": f"c{i}"}, headers=ms(150))
+            assert response.status_code == 504
+    assert admission.expected("/work") == pytest.approx(0.3, abs=0.1)

@@ -173,11 +173,18 @@ class Exchange(Request):
             return refusal.outcome
         self.queued = False
         started = _clock.now()
+        learn = False
         try:
             await app(scope, self.receive, self.send)
+            learn = self.caller_left is None and self._answered_ok()
         finally:
-            gate.leave(self.route, started)
+            gate.leave(self.route, started, learn=learn)
         return "ok"
+
+    def _answered_ok(self) -> bool:
+        """The app answered, and not with a server error (a service time worth learning)."""
+        start = self._start
+        return start is not None and answer_outcome(start.get("status", 200)) == "ok"
 
     async def answer_timeout(self, scope: Scope, limits_: Limits) -> None:
         mw = self._mw
