@@ -289,3 +289,24 @@ async def test_leave_learns_only_when_told(clock: FakeClock) -> None:
     assert await gate.enter("/r", now, now + 5) is None
     gate.leave("/r", now)
     assert admission.expected("/r") == pytest.approx(0.1)
+
+
+async def test_codel_forgets_an_overload_after_an_idle_interval(clock: FakeClock) -> None:
+    """A standing queue, then a whole interval without any request: no queue stands any
+    more, and a short burst after it sheds nothing."""
+    codel = CoDel(target=0.05, interval=0.5)
+    gate = Gate(limit=1, codel=codel)
+    assert not codel.shed(0.1)  # an interval in which even the shortest wait was 0.1 s
+    clock.advance(0.5)
+    assert codel.shed(0.1) and codel.overloaded  # and the next one too
+    clock.advance(0.5)
+    clock.advance(1.2)  # idle
+    now = clock.now()
+    assert await gate.enter("/r", now, now + 60) is None
+    burst = [await _queue(gate, "/r", now, now + 60) for _ in range(3)]
+    for _ in burst:
+        clock.advance(0.04)
+        gate.leave("/r", now)
+        await asyncio.sleep(0)
+    assert [t.result() for t in burst] == [None] * 3
+    assert not codel.overloaded
