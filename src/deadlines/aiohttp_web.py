@@ -74,6 +74,8 @@ class DeadlineMiddleware:
             cannot be answered in time (503 with ``Retry-After``; 504 for a deadline
             that passed while the request waited) and queues requests beyond its
             limit. None (the default): every request goes straight to its handler.
+            A request that asks to upgrade to a WebSocket bypasses it (its session
+            would hold a turn for its whole length), as in the ASGI middleware.
     """
 
     __middleware_version__ = 1  # a new-style aiohttp middleware
@@ -118,7 +120,7 @@ class DeadlineMiddleware:
             if request.headers.get("Upgrade", "").lower() == "websocket":
                 watch.await_upgrade()
             try:
-                if self._gate is None:
+                if self._gate is None or watch.upgrading:  # a session is no request at work
                     response = await watch.run(handler)
                 else:
                     response = await watch.run(self._gated(watch, handler, headers, limits_))

@@ -345,3 +345,44 @@ def test_work_cut_short_is_not_learned(serve: Serve) -> None:
             response = httpx.get(f"{url}/work", params={"ms": 300, "id": f"c{i}"}, headers=ms(150))
             assert response.status_code == 504
     assert admission.expected("/work") == pytest.approx(0.3, abs=0.1)
+
+
+def test_aiohttp_a_websocket_holds_no_turn() -> None:
+    """A WebSocket session is not a request at work: with limit=1 and a session open, a
+    plain GET is served at once, and the session's length is not learned."""
+    from aiohttp import web
+
+    from deadlines.aiohttp_web import DeadlineMiddleware
+
+    admission = Admission(min_samples=1)
+    gate = Gate(limit=1, admission=admission)
+
+    async def session(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:
+            pass
+        return ws
+
+    async def plain(request: web.Request) -> web.Response:
+        return web.Response(text="done")
+
+    async def talk(url: str) -> tuple[int, float]:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as client, client.ws_connect(f"{url}/ws") as ws:
+            started = time.monotonic()
+            async with client.get(f"{url}/plain", headers=ms(2000)) as response:
+                status = response.status
+            took = time.monotonic() - started
+            await ws.close()
+        return status, took
+
+    app = web.Application(middlewares=[DeadlineMiddleware(default=5.0, maximum=30.0, gate=gate)])
+    app.router.add_get("/ws", session)
+    app.router.add_get("/plain", plain)
+    with serve_aiohttp(app) as url:
+        status, took = asyncio.run(talk(url))
+        _until(lambda: gate.busy == 0, "the GET's turn given back")
+    assert status == 200 and took < 1.0
+    assert admission.expected("/ws") is None

@@ -49,6 +49,8 @@ class DeadlineMiddleware:
             what cannot be answered in time (503 with ``Retry-After``; 504 for a
             deadline that passed while the request waited) and queues requests beyond
             its limit. None (the default): every request goes straight to the app.
+            WebSocket scopes bypass it, as they bypass the deadline: a session would
+            hold a turn for its whole length.
     """
 
     def __init__(
