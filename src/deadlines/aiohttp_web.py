@@ -20,10 +20,10 @@ aiohttp clears when the connection is lost.
 
 A body made by an async iterator (``web.Response(body=agen())``), which aiohttp would
 make after the middleware returned, is sent by the middleware itself, inside the
-deadline and the connection watch, as if the handler had written it. A request that
-upgrades to a WebSocket keeps its deadline until the `WebSocketResponse` is prepared;
-the handler then leaves it and the session runs without one (tasks the handler started
-before keep it: a deadline only ever shrinks).
+deadline and the connection watch (and a gate's turn), as if the handler had written
+it. A request that upgrades to a WebSocket keeps its deadline until the
+`WebSocketResponse` is prepared; the handler then leaves it and the session runs
+without one (tasks the handler started before keep it: a deadline only ever shrinks).
 """
 
 from __future__ import annotations
@@ -242,6 +242,7 @@ class DeadlineMiddleware:
             learn = False
             try:
                 response = await handler(request)
+                await watch.complete(response)  # a body made later is work in the turn
                 learn = watch.caller_left is None and answer_outcome(response.status) == "ok"
                 return response
             finally:
@@ -408,9 +409,7 @@ class _Watch(Request):
                         response = await handler(self.request)
                     else:
                         response = await self._in_session_context(handler)
-                    self._check_in_time(response)
-                    if _made_later(response):
-                        await self._send_made_later(response)
+                    await self.complete(response)
                 except DeadlineExceeded:  # ours reaches the handler as a cancellation
                     self.apps_own = True
                     raise
@@ -439,6 +438,13 @@ class _Watch(Request):
             self._poller.discard(self)
             self._uncancel()
         return response
+
+    async def complete(self, response: web.StreamResponse) -> None:
+        """The handler returned `response`: too late for it (`_check_in_time`), or its
+        body, if made later, sent now. Again on a response it completed: nothing."""
+        self._check_in_time(response)
+        if _made_later(response):
+            await self._send_made_later(response)
 
     def _check_in_time(self, response: web.StreamResponse) -> None:
         """Nobody waits for an answer begun after the deadline (a handler that caught its

@@ -386,3 +386,41 @@ def test_aiohttp_a_websocket_holds_no_turn() -> None:
         _until(lambda: gate.busy == 0, "the GET's turn given back")
     assert status == 200 and took < 1.0
     assert admission.expected("/ws") is None
+
+
+def test_aiohttp_a_body_made_later_is_made_in_the_turn() -> None:
+    """``web.Response(body=agen())``: the body is made before the turn is given back, so
+    the limit holds for it (never two at once with limit=1) and its time is learned."""
+    from aiohttp import web
+
+    from deadlines.aiohttp_web import DeadlineMiddleware
+
+    admission = Admission(min_samples=1)
+    gate = Gate(limit=1, admission=admission)
+    running: list[int] = [0, 0]  # now, most at once
+
+    async def body() -> Any:
+        running[0] += 1
+        running[1] = max(running)
+        try:
+            await asyncio.sleep(0.3)
+            yield b"done"
+        finally:
+            running[0] -= 1
+
+    async def made_later(request: web.Request) -> web.Response:
+        return web.Response(body=body())
+
+    app = web.Application(middlewares=[DeadlineMiddleware(default=5.0, maximum=30.0, gate=gate)])
+    app.router.add_get("/later", made_later)
+    with serve_aiohttp(app) as url:
+
+        async def four() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                return await asyncio.gather(*(client.get(f"{url}/later") for _ in range(4)))
+
+        responses = asyncio.run(four())
+    assert [r.status_code for r in responses] == [200] * 4
+    assert all(r.content == b"done" for r in responses)
+    assert running[1] == 1
+    assert admission.expected("/later") == pytest.approx(0.3, abs=0.1)
