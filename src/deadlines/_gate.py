@@ -82,7 +82,7 @@ class Gate:
         admission: Refuses, at arrival and again when the request's turn comes, a
             request with less time left than its route's usual service time (learned
             here from each handler's start to its end). An arrival already past its
-            deadline is the middleware's own 504, before the gate.
+            deadline is refused ``"late"`` (504), with or without admission.
         codel: Sheds requests that waited too long (from arrival to their turn) while
             a queue stands. Needs a `limit`: without one nothing waits.
         lifo: While `codel` sees a standing queue, serve the newest request first: its
@@ -145,8 +145,11 @@ class Gate:
         while it waits (the caller left, the deadline passed), the request leaves the
         queue, and a turn it was handed goes to the next one.
         """
+        left = at - _clock.now()
+        if left <= 0.0:  # not worth starting, whatever the budgets
+            return self._refuse("late", route)
         admission = self.admission
-        if admission is not None and admission.decide(route, at - _clock.now()) != "admit":
+        if admission is not None and admission.decide(route, left) != "admit":
             return self._refuse("admission", route)
         limit = self.limit
         if limit is None:

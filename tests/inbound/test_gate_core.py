@@ -310,3 +310,21 @@ async def test_codel_forgets_an_overload_after_an_idle_interval(clock: FakeClock
         await asyncio.sleep(0)
     assert [t.result() for t in burst] == [None] * 3
     assert not codel.overloaded
+
+
+async def test_an_arrival_past_its_deadline_is_late_whatever_the_gate(clock: FakeClock) -> None:
+    """504 "late", neither admission's 503 nor let through by its budget, with or
+    without a limit or admission."""
+    now = clock.now()
+    gates = [
+        Gate(),
+        Gate(limit=2),
+        Gate(admission=_learned(0.1)),
+        Gate(admission=Admission(rejection_budget=0.0)),
+        Gate(limit=2, admission=_learned(0.1)),
+    ]
+    for gate in gates:
+        for at in (now, now - 1.0):
+            refusal = await gate.enter("/r", now, at)
+            assert refusal is not None and refusal.reason == "late", gate
+            assert refusal.status == 504 and gate.busy == 0
