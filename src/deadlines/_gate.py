@@ -22,7 +22,7 @@ from ._codel import CoDel
 from ._events import GateReason, RequestOutcome, RequestRefused
 
 
-class Refusal:
+class GateRefusal:
     """A request the gate did not let through: why, and what to answer.
 
     `status` is 504 for ``"late"`` (the middleware answers with its usual timeout
@@ -55,7 +55,14 @@ class Refusal:
         ).encode()
 
     def __repr__(self) -> str:
-        return f"Refusal({self.reason!r}, retry_after={self.retry_after})"
+        return f"GateRefusal({self.reason!r}, retry_after={self.retry_after})"
+
+
+def expired(route: str) -> None:
+    """For the middlewares: a request on `route` left a gate's queue because its
+    deadline passed (its middleware's timer cancelled it): report it as refused, late."""
+    if _events.observers:
+        _events.emit(RequestRefused(route, "late"))
 
 
 class _Waiter:
@@ -100,7 +107,7 @@ class Gate:
     hides from the gate the requests that arrive meanwhile: let the loop turn first.
     """
 
-    __slots__ = ("_busy", "_waiting", "admission", "codel", "lifo", "limit", "queue")
+    __slots__ = ("_busy", "_limit", "_queue", "_waiting", "admission", "codel", "lifo")
 
     def __init__(
         self,
@@ -111,8 +118,8 @@ class Gate:
         codel: CoDel | None = None,
         lifo: bool | None = None,
     ) -> None:
-        self.limit = None if limit is None else _validate.count(limit, "limit")
-        self.queue = _validate.count(queue, "queue", high=1_000_000)
+        self._limit = None if limit is None else _validate.count(limit, "limit")
+        self._queue = _validate.count(queue, "queue", high=1_000_000)
         if admission is not None and not isinstance(admission, Admission):
             raise TypeError(f"admission must be a deadlines.Admission, not {admission!r}")
         if codel is not None and not isinstance(codel, CoDel):
@@ -128,6 +135,16 @@ class Gate:
         self._waiting: deque[_Waiter] = deque()
 
     @property
+    def limit(self) -> int | None:
+        """The most requests at work at once; None: no limit (read-only)."""
+        return self._limit
+
+    @property
+    def queue(self) -> int:
+        """The most requests waiting (read-only)."""
+        return self._queue
+
+    @property
     def busy(self) -> int:
         """How many requests are at work (with a `limit`; else always 0)."""
         return self._busy
@@ -137,7 +154,7 @@ class Gate:
         """How many requests wait in the queue."""
         return len(self._waiting)
 
-    async def enter(self, route: str, arrived: float, at: float) -> Refusal | None:
+    async def enter(self, route: str, arrived: float, at: float) -> GateRefusal | None:
         """Let a request on `route` (arrived at `arrived`, due at `at`, both on the
         deadline's clock) through: None once its work may start, else why not.
 
@@ -151,7 +168,7 @@ class Gate:
         admission = self.admission
         if admission is not None and admission.decide(route, left) != "admit":
             return self._refuse("admission", route)
-        limit = self.limit
+        limit = self._limit
         if limit is None:
             return None
         if self._busy < limit and not self._waiting:
@@ -159,7 +176,7 @@ class Gate:
             # outside its budget), only CoDel's turn to see the (zero) queue delay.
             self._busy += 1
             reason = self._shed(arrived)
-        elif len(self._waiting) >= self.queue:
+        elif len(self._waiting) >= self._queue:
             return self._refuse("queue", route)
         else:
             reason = await self._wait(arrived)
@@ -178,14 +195,8 @@ class Gate:
         says nothing of the route's service time: pass ``learn=False``."""
         if learn and self.admission is not None:
             self.admission.observe(route, max(0.0, _clock.now() - started))
-        if self.limit is not None:
+        if self._limit is not None:
             self._release()
-
-    def expired(self, route: str) -> None:
-        """A request on `route` left the queue because its deadline passed (its
-        middleware's timer cancelled it): report it as refused, late."""
-        if _events.observers:
-            _events.emit(RequestRefused(route, "late"))
 
     async def _wait(self, arrived: float) -> GateReason | None:
         """Queue until a turn comes (None: it holds one) or CoDel sheds the request."""
@@ -228,7 +239,7 @@ class Gate:
         the newest waiter gets the turn.
         """
         self._busy -= 1
-        waiting, limit, codel = self._waiting, self.limit, self.codel
+        waiting, limit, codel = self._waiting, self._limit, self.codel
         assert limit is not None
         while waiting and self._busy < limit:
             oldest = waiting[0]
@@ -247,14 +258,14 @@ class Gate:
             self._busy += 1
             waiter.turn.set_result(None)
 
-    def _refuse(self, reason: GateReason, route: str) -> Refusal:
+    def _refuse(self, reason: GateReason, route: str) -> GateRefusal:
         if _events.observers:
             _events.emit(RequestRefused(route, reason))
         admission = self.admission
-        return Refusal(reason, 1 if admission is None else admission.retry_after(route))
+        return GateRefusal(reason, 1 if admission is None else admission.retry_after(route))
 
     def __repr__(self) -> str:
         return (
-            f"Gate(limit={self.limit}, busy={self._busy}, waiting={len(self._waiting)},"
+            f"Gate(limit={self._limit}, busy={self._busy}, waiting={len(self._waiting)},"
             f" lifo={self.lifo})"
         )

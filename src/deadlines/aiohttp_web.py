@@ -40,7 +40,8 @@ from ._alarms import clock_for
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
-from ._gate import Gate, Refusal
+from ._gate import Gate, GateRefusal
+from ._gate import expired as gate_expired
 from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, limits_of
 from ._private.aiohttp_web import ended, headers_held, on_prepare
 from ._request import Request, answer_outcome, budget, deadline_outcome
@@ -143,7 +144,7 @@ class DeadlineMiddleware:
                 if watch.queued:  # passed while it waited in the gate: the handler never ran
                     outcome = "late"
                     if watch.refusal is None and self._gate is not None:
-                        self._gate.expired(watch.route)
+                        gate_expired(watch.route)
                 if not _response_started(request):
                     return self._timeout(watch, headers, limits_)
                 if not _delivered(request):
@@ -380,7 +381,7 @@ class _Watch(Request):
 
     # Set only behind a gate (`DeadlineMiddleware._gated`): class-level defaults.
     queued = False  # waiting in the gate: a deadline then is "late"
-    refusal: Refusal | None = None  # what the gate refused the request with
+    refusal: GateRefusal | None = None  # what the gate refused the request with
 
     def __init__(
         self, route: str, budget: float, started: float, request: web.Request, poller: _Poller

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 import deadlines
-from deadlines import Admission, CoDel, Gate, Refusal
+from deadlines import Admission, CoDel, Gate, GateRefusal
 from deadlines.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -22,7 +22,9 @@ def clock() -> Iterator[FakeClock]:
         yield fake
 
 
-async def _queue(gate: Gate, route: str, arrived: float, at: float) -> asyncio.Task[Refusal | None]:
+async def _queue(
+    gate: Gate, route: str, arrived: float, at: float
+) -> asyncio.Task[GateRefusal | None]:
     """`gate.enter` as a task, run until it waits (or is answered)."""
     task = asyncio.ensure_future(gate.enter(route, arrived, at))
     await asyncio.sleep(0)
@@ -215,7 +217,7 @@ async def test_each_refusal_is_an_event(clock: FakeClock) -> None:
 
 def test_refusal_body_says_why() -> None:
     """The 503's JSON body names the reason and the retry delay."""
-    body = json.loads(Refusal("codel", 2).body())
+    body = json.loads(GateRefusal("codel", 2).body())
     assert body == {"error": "overloaded", "reason": "codel", "retry_after_s": 2}
 
 
@@ -328,3 +330,14 @@ async def test_an_arrival_past_its_deadline_is_late_whatever_the_gate(clock: Fak
             refusal = await gate.enter("/r", now, at)
             assert refusal is not None and refusal.reason == "late", gate
             assert refusal.status == 504 and gate.busy == 0
+
+
+def test_limit_and_queue_are_read_only() -> None:
+    """Changing `limit` at run time would corrupt the count of requests at work."""
+    gate = Gate(limit=2, queue=5)
+    assert (gate.limit, gate.queue) == (2, 5)
+    with pytest.raises(AttributeError):
+        gate.limit = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        gate.queue = 3  # type: ignore[misc]
+    assert Gate().limit is None

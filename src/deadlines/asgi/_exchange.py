@@ -14,7 +14,7 @@ from .. import _clock, _inbound
 from .._alarms import clock_for
 from .._errors import DeadlineExceeded
 from .._events import RequestOutcome
-from .._gate import Gate, Refusal
+from .._gate import Gate, GateRefusal
 from .._inbound import Limits
 from .._request import Request, answer_outcome, deadline_outcome
 from .._scope import exceeded
@@ -65,7 +65,7 @@ class Exchange(Request):
     cancels = 0
     active = True
     queued = False  # waiting in the middleware's gate: a deadline then is "late"
-    refusal: Refusal | None = None  # what the gate refused the request with
+    refusal: GateRefusal | None = None  # what the gate refused the request with
     may_read_ahead = True
 
     def __init__(

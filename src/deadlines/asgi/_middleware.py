@@ -12,6 +12,7 @@ from typing import Any
 from .. import _clock, _events, _inbound, _loop, _validate, wire
 from .._events import RequestOutcome
 from .._gate import Gate
+from .._gate import expired as gate_expired
 from .._inbound import Limits
 from .._scope import running_trio
 from ._exchange import ASGIApp, Exchange, Receive, Scope, Send, Sweeper
@@ -171,7 +172,7 @@ class DeadlineMiddleware:
             if exchange.queued and outcome in ("deadline", "budget_exhausted"):
                 outcome = "late"  # the deadline passed while it waited in the gate
                 if exchange.refusal is None and self.gate is not None:
-                    self.gate.expired(label)
+                    gate_expired(label)
             if error is exc:
                 raise
             if error is not None:
