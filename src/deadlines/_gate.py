@@ -98,8 +98,14 @@ class Gate:
 
     A request refused never reaches the handler. A waiting request whose caller leaves,
     or whose deadline passes, is cancelled by its middleware and leaves the queue at
-    once. Memory is bounded: at most `queue` waiters, and the learned service times of
-    `Admission.max_routes` routes.
+    once (under ASGI, one with ``Expect: 100-continue`` notices its caller leaving only
+    at its turn: reading would send the ``100 Continue``). Memory is bounded: at most
+    `queue` waiters (each may hold up to the ASGI middleware's `read_ahead` of body),
+    and the learned service times of `Admission.max_routes` routes.
+
+    Admission learns per route label, not per method (``GET`` and ``POST`` on one path
+    share an estimate), and only from work that ended with an answer. Its refusals,
+    on arrival and at the turn after a wait, stay within its rejection budget.
 
     One gate serves one event loop (asyncio): it is not thread-safe, and its waiters
     are futures of the loop they were made on. Give each worker process or loop its own.
