@@ -54,7 +54,7 @@ from ._events import (
     RequestStarted,
     observe,
 )
-from ._gate import Gate, Refusal
+from ._gate import Gate, GateRefusal
 from ._hedge import Hedge
 from ._latency import LatencyEstimate
 from ._limit import AdaptiveLimit
@@ -91,6 +91,7 @@ __all__ = [
     "FirstItemTimeout",
     "Gate",
     "GateReason",
+    "GateRefusal",
     "HeadersTimeout",
     "Hedge",
     "HedgeSent",
@@ -101,7 +102,6 @@ __all__ = [
     "Observer",
     "Phase",
     "PoolTimeout",
-    "Refusal",
     "RequestFinished",
     "RequestRefused",
     "RequestStarted",

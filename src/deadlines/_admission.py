@@ -32,7 +32,9 @@ class Admission:
     admitted and run into their deadline as they would without admission.
 
         admission = deadlines.Admission()
-        decision = admission.decide("/quote", deadlines.remaining())
+        decision = admission.decide("/quote", deadlines.remaining())  # on arrival
+        ...
+        decision = admission.recheck("/quote", deadlines.remaining())  # after a wait
         ...
         admission.observe("/quote", service_time)
     """
@@ -75,8 +77,17 @@ class Admission:
         return None if estimate is None else estimate.quantile(self.quantile)
 
     def decide(self, route: str, remaining: float) -> Decision:
-        """Whether to start a request on `route` with `remaining` seconds to answer."""
+        """Whether to start a request on `route` with `remaining` seconds to answer.
+
+        Call it once per request, on arrival: it counts the request in the rejection
+        budget's base."""
         self._rejections.deposit()
+        return self.recheck(route, remaining)
+
+    def recheck(self, route: str, remaining: float) -> Decision:
+        """`decide` again for a request already counted (its work is about to start
+        after a wait): a refusal draws on the same rejection budget, and the request is
+        not counted a second time."""
         if remaining <= 0.0:
             decision: Decision = "late"
         else:

@@ -19,7 +19,8 @@ class CoDel:
     Each `interval`, it looks at the smallest queue delay seen in the interval. If even
     that exceeded `target`, a standing queue has formed (the service is overloaded)
     and, for the next interval, requests that waited longer than `target` are shed;
-    otherwise only those that waited longer than `interval` are. A burst that drains
+    otherwise only those that waited longer than `interval` are. A whole interval
+    without any request ends an overload (no queue stood then). A burst that drains
     on its own sheds nothing; a standing queue is cut back to `target`.
 
     `overloaded` says whether a standing queue was seen in the last interval: the time
@@ -53,8 +54,11 @@ class CoDel:
         with self._lock:
             now = _clock.now()
             if now >= self._until:
-                # An interval with no request at all had no queue either.
-                self.overloaded = self.target < self._lowest < float("inf")
+                # An interval with no request at all had no queue either, and neither
+                # has a whole interval gone by since the last one: the busy interval's
+                # minimum is stale after an idle period.
+                lowest = self._lowest if now < self._until + self.interval else float("inf")
+                self.overloaded = self.target < lowest < float("inf")
                 self._lowest = float("inf")
                 self._until = now + self.interval
             self._lowest = min(self._lowest, queue_delay)

@@ -22,7 +22,7 @@ from ._codel import CoDel
 from ._events import GateReason, RequestOutcome, RequestRefused
 
 
-class Refusal:
+class GateRefusal:
     """A request the gate did not let through: why, and what to answer.
 
     `status` is 504 for ``"late"`` (the middleware answers with its usual timeout
@@ -55,7 +55,14 @@ class Refusal:
         ).encode()
 
     def __repr__(self) -> str:
-        return f"Refusal({self.reason!r}, retry_after={self.retry_after})"
+        return f"GateRefusal({self.reason!r}, retry_after={self.retry_after})"
+
+
+def expired(route: str) -> None:
+    """For the middlewares: a request on `route` left a gate's queue because its
+    deadline passed (its middleware's timer cancelled it): report it as refused, late."""
+    if _events.observers:
+        _events.emit(RequestRefused(route, "late"))
 
 
 class _Waiter:
@@ -82,7 +89,7 @@ class Gate:
         admission: Refuses, at arrival and again when the request's turn comes, a
             request with less time left than its route's usual service time (learned
             here from each handler's start to its end). An arrival already past its
-            deadline is the middleware's own 504, before the gate.
+            deadline is refused ``"late"`` (504), with or without admission.
         codel: Sheds requests that waited too long (from arrival to their turn) while
             a queue stands. Needs a `limit`: without one nothing waits.
         lifo: While `codel` sees a standing queue, serve the newest request first: its
@@ -91,8 +98,14 @@ class Gate:
 
     A request refused never reaches the handler. A waiting request whose caller leaves,
     or whose deadline passes, is cancelled by its middleware and leaves the queue at
-    once. Memory is bounded: at most `queue` waiters, and the learned service times of
-    `Admission.max_routes` routes.
+    once (under ASGI, one with ``Expect: 100-continue`` notices its caller leaving only
+    at its turn: reading would send the ``100 Continue``). Memory is bounded: at most
+    `queue` waiters (each may hold up to the ASGI middleware's `read_ahead` of body),
+    and the learned service times of `Admission.max_routes` routes.
+
+    Admission learns per route label, not per method (``GET`` and ``POST`` on one path
+    share an estimate), and only from work that ended with an answer. Its refusals,
+    on arrival and at the turn after a wait, stay within its rejection budget.
 
     One gate serves one event loop (asyncio): it is not thread-safe, and its waiters
     are futures of the loop they were made on. Give each worker process or loop its own.
@@ -100,7 +113,7 @@ class Gate:
     hides from the gate the requests that arrive meanwhile: let the loop turn first.
     """
 
-    __slots__ = ("_busy", "_waiting", "admission", "codel", "lifo", "limit", "queue")
+    __slots__ = ("_busy", "_limit", "_queue", "_waiting", "admission", "codel", "lifo")
 
     def __init__(
         self,
@@ -111,8 +124,8 @@ class Gate:
         codel: CoDel | None = None,
         lifo: bool | None = None,
     ) -> None:
-        self.limit = None if limit is None else _validate.count(limit, "limit")
-        self.queue = _validate.count(queue, "queue", high=1_000_000)
+        self._limit = None if limit is None else _validate.count(limit, "limit")
+        self._queue = _validate.count(queue, "queue", high=1_000_000)
         if admission is not None and not isinstance(admission, Admission):
             raise TypeError(f"admission must be a deadlines.Admission, not {admission!r}")
         if codel is not None and not isinstance(codel, CoDel):
@@ -128,6 +141,16 @@ class Gate:
         self._waiting: deque[_Waiter] = deque()
 
     @property
+    def limit(self) -> int | None:
+        """The most requests at work at once; None: no limit (read-only)."""
+        return self._limit
+
+    @property
+    def queue(self) -> int:
+        """The most requests waiting (read-only)."""
+        return self._queue
+
+    @property
     def busy(self) -> int:
         """How many requests are at work (with a `limit`; else always 0)."""
         return self._busy
@@ -137,7 +160,7 @@ class Gate:
         """How many requests wait in the queue."""
         return len(self._waiting)
 
-    async def enter(self, route: str, arrived: float, at: float) -> Refusal | None:
+    async def enter(self, route: str, arrived: float, at: float) -> GateRefusal | None:
         """Let a request on `route` (arrived at `arrived`, due at `at`, both on the
         deadline's clock) through: None once its work may start, else why not.
 
@@ -145,41 +168,41 @@ class Gate:
         while it waits (the caller left, the deadline passed), the request leaves the
         queue, and a turn it was handed goes to the next one.
         """
+        left = at - _clock.now()
+        if left <= 0.0:  # not worth starting, whatever the budgets
+            return self._refuse("late", route)
         admission = self.admission
-        if admission is not None and admission.decide(route, at - _clock.now()) != "admit":
+        if admission is not None and admission.decide(route, left) != "admit":
             return self._refuse("admission", route)
-        limit = self.limit
+        limit = self._limit
         if limit is None:
             return None
         if self._busy < limit and not self._waiting:
+            # No wait: the arrival's tests just ran (admission again would refuse
+            # outside its budget), only CoDel's turn to see the (zero) queue delay.
             self._busy += 1
             reason = self._shed(arrived)
-        elif len(self._waiting) >= self.queue:
+        elif len(self._waiting) >= self._queue:
             return self._refuse("queue", route)
         else:
             reason = await self._wait(arrived)
             if reason is not None:  # shed from the queue: it held no turn
                 return self._refuse(reason, route)
-        if reason is None:
             reason = self._check_start(route, at)
         if reason is not None:
             self._release()
             return self._refuse(reason, route)
         return None
 
-    def leave(self, route: str, started: float) -> None:
-        """The work of a request let through (at `started`) ended: learn its service
-        time, and give its turn to the next request."""
-        if self.admission is not None:
+    def leave(self, route: str, started: float, *, learn: bool = True) -> None:
+        """The work of a request let through (at `started`) ended: give its turn to the
+        next request and, when `learn` (the work ended normally, with an answer), learn
+        its service time. Work cut short (its deadline, its caller leaving, an error)
+        says nothing of the route's service time: pass ``learn=False``."""
+        if learn and self.admission is not None:
             self.admission.observe(route, max(0.0, _clock.now() - started))
-        if self.limit is not None:
+        if self._limit is not None:
             self._release()
-
-    def expired(self, route: str) -> None:
-        """A request on `route` left the queue because its deadline passed (its
-        middleware's timer cancelled it): report it as refused, late."""
-        if _events.observers:
-            _events.emit(RequestRefused(route, "late"))
 
     async def _wait(self, arrived: float) -> GateReason | None:
         """Queue until a turn comes (None: it holds one) or CoDel sheds the request."""
@@ -198,15 +221,14 @@ class Gate:
             raise
 
     def _check_start(self, route: str, at: float) -> GateReason | None:
-        """At the start of the work: late, or too little time left for the route."""
+        """At the turn after a wait: late, or too little time left for the route (a
+        refusal the rejection budget allows)."""
         left = at - _clock.now()
         if left <= 0.0:
             return "late"
         admission = self.admission
-        if admission is not None:
-            expected = admission.expected(route)
-            if expected is not None and left < expected:
-                return "admission"
+        if admission is not None and admission.recheck(route, left) != "admit":
+            return "admission"
         return None
 
     def _shed(self, arrived: float) -> GateReason | None:
@@ -223,7 +245,7 @@ class Gate:
         the newest waiter gets the turn.
         """
         self._busy -= 1
-        waiting, limit, codel = self._waiting, self.limit, self.codel
+        waiting, limit, codel = self._waiting, self._limit, self.codel
         assert limit is not None
         while waiting and self._busy < limit:
             oldest = waiting[0]
@@ -242,14 +264,14 @@ class Gate:
             self._busy += 1
             waiter.turn.set_result(None)
 
-    def _refuse(self, reason: GateReason, route: str) -> Refusal:
+    def _refuse(self, reason: GateReason, route: str) -> GateRefusal:
         if _events.observers:
             _events.emit(RequestRefused(route, reason))
         admission = self.admission
-        return Refusal(reason, 1 if admission is None else admission.retry_after(route))
+        return GateRefusal(reason, 1 if admission is None else admission.retry_after(route))
 
     def __repr__(self) -> str:
         return (
-            f"Gate(limit={self.limit}, busy={self._busy}, waiting={len(self._waiting)},"
+            f"Gate(limit={self._limit}, busy={self._busy}, waiting={len(self._waiting)},"
             f" lifo={self.lifo})"
         )

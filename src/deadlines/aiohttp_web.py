@@ -20,10 +20,10 @@ aiohttp clears when the connection is lost.
 
 A body made by an async iterator (``web.Response(body=agen())``), which aiohttp would
 make after the middleware returned, is sent by the middleware itself, inside the
-deadline and the connection watch, as if the handler had written it. A request that
-upgrades to a WebSocket keeps its deadline until the `WebSocketResponse` is prepared;
-the handler then leaves it and the session runs without one (tasks the handler started
-before keep it: a deadline only ever shrinks).
+deadline and the connection watch (and a gate's turn), as if the handler had written
+it. A request that upgrades to a WebSocket keeps its deadline until the
+`WebSocketResponse` is prepared; the handler then leaves it and the session runs
+without one (tasks the handler started before keep it: a deadline only ever shrinks).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ from ._alarms import clock_for
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
-from ._gate import Gate, Refusal
+from ._gate import Gate, GateRefusal
+from ._gate import expired as gate_expired
 from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, limits_of
 from ._private.aiohttp_web import ended, headers_held, on_prepare
 from ._request import Request, answer_outcome, budget, deadline_outcome
@@ -74,6 +75,8 @@ class DeadlineMiddleware:
             cannot be answered in time (503 with ``Retry-After``; 504 for a deadline
             that passed while the request waited) and queues requests beyond its
             limit. None (the default): every request goes straight to its handler.
+            A request that asks to upgrade to a WebSocket bypasses it (its session
+            would hold a turn for its whole length), as in the ASGI middleware.
     """
 
     __middleware_version__ = 1  # a new-style aiohttp middleware
@@ -118,7 +121,7 @@ class DeadlineMiddleware:
             if request.headers.get("Upgrade", "").lower() == "websocket":
                 watch.await_upgrade()
             try:
-                if self._gate is None:
+                if self._gate is None or watch.upgrading:  # a session is no request at work
                     response = await watch.run(handler)
                 else:
                     response = await watch.run(self._gated(watch, handler, headers, limits_))
@@ -141,7 +144,7 @@ class DeadlineMiddleware:
                 if watch.queued:  # passed while it waited in the gate: the handler never ran
                     outcome = "late"
                     if watch.refusal is None and self._gate is not None:
-                        self._gate.expired(watch.route)
+                        gate_expired(watch.route)
                 if not _response_started(request):
                     return self._timeout(watch, headers, limits_)
                 if not _delivered(request):
@@ -237,10 +240,14 @@ class DeadlineMiddleware:
                 )
             watch.queued = False
             started = _clock.now()
+            learn = False
             try:
-                return await handler(request)
+                response = await handler(request)
+                await watch.complete(response)  # a body made later is work in the turn
+                learn = watch.caller_left is None and answer_outcome(response.status) == "ok"
+                return response
             finally:
-                gate.leave(watch.route, started)
+                gate.leave(watch.route, started, learn=learn)
 
         return gated
 
@@ -374,7 +381,7 @@ class _Watch(Request):
 
     # Set only behind a gate (`DeadlineMiddleware._gated`): class-level defaults.
     queued = False  # waiting in the gate: a deadline then is "late"
-    refusal: Refusal | None = None  # what the gate refused the request with
+    refusal: GateRefusal | None = None  # what the gate refused the request with
 
     def __init__(
         self, route: str, budget: float, started: float, request: web.Request, poller: _Poller
@@ -403,9 +410,7 @@ class _Watch(Request):
                         response = await handler(self.request)
                     else:
                         response = await self._in_session_context(handler)
-                    self._check_in_time(response)
-                    if _made_later(response):
-                        await self._send_made_later(response)
+                    await self.complete(response)
                 except DeadlineExceeded:  # ours reaches the handler as a cancellation
                     self.apps_own = True
                     raise
@@ -434,6 +439,13 @@ class _Watch(Request):
             self._poller.discard(self)
             self._uncancel()
         return response
+
+    async def complete(self, response: web.StreamResponse) -> None:
+        """The handler returned `response`: too late for it (`_check_in_time`), or its
+        body, if made later, sent now. Again on a response it completed: nothing."""
+        self._check_in_time(response)
+        if _made_later(response):
+            await self._send_made_later(response)
 
     def _check_in_time(self, response: web.StreamResponse) -> None:
         """Nobody waits for an answer begun after the deadline (a handler that caught its

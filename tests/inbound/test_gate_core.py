@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 import deadlines
-from deadlines import Admission, CoDel, Gate, Refusal
+from deadlines import Admission, CoDel, Gate, GateRefusal
 from deadlines.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -22,7 +22,9 @@ def clock() -> Iterator[FakeClock]:
         yield fake
 
 
-async def _queue(gate: Gate, route: str, arrived: float, at: float) -> asyncio.Task[Refusal | None]:
+async def _queue(
+    gate: Gate, route: str, arrived: float, at: float
+) -> asyncio.Task[GateRefusal | None]:
     """`gate.enter` as a task, run until it waits (or is answered)."""
     task = asyncio.ensure_future(gate.enter(route, arrived, at))
     await asyncio.sleep(0)
@@ -215,7 +217,7 @@ async def test_each_refusal_is_an_event(clock: FakeClock) -> None:
 
 def test_refusal_body_says_why() -> None:
     """The 503's JSON body names the reason and the retry delay."""
-    body = json.loads(Refusal("codel", 2).body())
+    body = json.loads(GateRefusal("codel", 2).body())
     assert body == {"error": "overloaded", "reason": "codel", "retry_after_s": 2}
 
 
@@ -230,3 +232,112 @@ def test_options_are_validated() -> None:
     with pytest.raises(TypeError, match="Admission"):
         Gate(admission=0.5)  # type: ignore[arg-type]
     assert not Gate(limit=2, codel=CoDel(), lifo=False).lifo
+
+
+async def test_with_a_limit_refusals_stay_within_the_budget_and_the_route_recovers(
+    clock: FakeClock,
+) -> None:
+    """A learned time above every caller's budget: the rejection budget still lets some
+    through (the start is not tested again unbudgeted), and their shorter service times
+    bring the estimate down until nothing is refused."""
+    admission = Admission(min_samples=1, samples=8, rejection_budget=0.2)
+    for _ in range(8):
+        admission.observe("/r", 1.0)
+    gate = Gate(limit=8, admission=admission)
+    refused = []
+    for _ in range(200):
+        now = clock.now()
+        refusal = await gate.enter("/r", now, now + 0.5)
+        refused.append(refusal is not None)
+        if refusal is None:
+            clock.advance(0.1)
+            gate.leave("/r", now)
+    assert sum(refused[:100]) <= 20
+    assert admission.expected("/r") == pytest.approx(0.1)
+    assert not any(refused[100:])
+
+
+async def test_the_recheck_at_the_turn_is_budgeted(clock: FakeClock) -> None:
+    """Refusals when the turn comes draw on the same rejection budget as arrivals."""
+    admission = Admission(min_samples=1, rejection_budget=0.2)
+    admission.observe("/r", 0.3)
+    gate = Gate(limit=1, admission=admission)
+    refused = 0
+    for _ in range(50):
+        now = clock.now()
+        assert await gate.enter("/r", now, now + 60) is None
+        waiter = await _queue(gate, "/r", now, now + 0.5)
+        clock.advance(0.3)
+        gate.leave("/r", now)  # 0.3 s: 0.2 s is left to the waiter
+        await asyncio.sleep(0)
+        refusal = waiter.result()
+        if refusal is None:
+            gate.leave("/r", now)
+        else:
+            assert refusal.reason == "admission"
+            refused += 1
+    assert 1 <= refused <= 20
+
+
+async def test_leave_learns_only_when_told(clock: FakeClock) -> None:
+    """Work cut short (deadline, caller gone, error) is no service time to learn."""
+    admission = Admission(min_samples=1)
+    gate = Gate(limit=1, admission=admission)
+    now = clock.now()
+    assert await gate.enter("/r", now, now + 5) is None
+    clock.advance(0.1)
+    gate.leave("/r", now, learn=False)
+    assert admission.expected("/r") is None and gate.busy == 0
+    assert await gate.enter("/r", now, now + 5) is None
+    gate.leave("/r", now)
+    assert admission.expected("/r") == pytest.approx(0.1)
+
+
+async def test_codel_forgets_an_overload_after_an_idle_interval(clock: FakeClock) -> None:
+    """A standing queue, then a whole interval without any request: no queue stands any
+    more, and a short burst after it sheds nothing."""
+    codel = CoDel(target=0.05, interval=0.5)
+    gate = Gate(limit=1, codel=codel)
+    assert not codel.shed(0.1)  # an interval in which even the shortest wait was 0.1 s
+    clock.advance(0.5)
+    assert codel.shed(0.1) and codel.overloaded  # and the next one too
+    clock.advance(0.5)
+    clock.advance(1.2)  # idle
+    now = clock.now()
+    assert await gate.enter("/r", now, now + 60) is None
+    burst = [await _queue(gate, "/r", now, now + 60) for _ in range(3)]
+    for _ in burst:
+        clock.advance(0.04)
+        gate.leave("/r", now)
+        await asyncio.sleep(0)
+    assert [t.result() for t in burst] == [None] * 3
+    assert not codel.overloaded
+
+
+async def test_an_arrival_past_its_deadline_is_late_whatever_the_gate(clock: FakeClock) -> None:
+    """504 "late", neither admission's 503 nor let through by its budget, with or
+    without a limit or admission."""
+    now = clock.now()
+    gates = [
+        Gate(),
+        Gate(limit=2),
+        Gate(admission=_learned(0.1)),
+        Gate(admission=Admission(rejection_budget=0.0)),
+        Gate(limit=2, admission=_learned(0.1)),
+    ]
+    for gate in gates:
+        for at in (now, now - 1.0):
+            refusal = await gate.enter("/r", now, at)
+            assert refusal is not None and refusal.reason == "late", gate
+            assert refusal.status == 504 and gate.busy == 0
+
+
+def test_limit_and_queue_are_read_only() -> None:
+    """Changing `limit` at run time would corrupt the count of requests at work."""
+    gate = Gate(limit=2, queue=5)
+    assert (gate.limit, gate.queue) == (2, 5)
+    with pytest.raises(AttributeError):
+        gate.limit = 3  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        gate.queue = 3  # type: ignore[misc]
+    assert Gate().limit is None

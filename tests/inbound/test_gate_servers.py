@@ -331,3 +331,96 @@ def test_the_gate_option_is_validated() -> None:
         DeadlineMiddleware(print, default=1, maximum=1, gate=1)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Gate"):
         AiohttpMiddleware(default=1, maximum=1, gate=deadlines.Admission())  # type: ignore[arg-type]
+
+
+@each_server
+def test_work_cut_short_is_not_learned(serve: Serve) -> None:
+    """Callers with less time left than the route takes, all admitted (no rejection
+    budget): their deadlines cut the work at ~0.1 s, which is not the route's service
+    time."""
+    admission = Admission(min_samples=3, rejection_budget=0.0)
+    with serve(Gate(limit=4, admission=admission)) as url:
+        _learn(url, 300)
+        for i in range(5):
+            response = httpx.get(f"{url}/work", params={"ms": 300, "id": f"c{i}"}, headers=ms(150))
+            assert response.status_code == 504
+    assert admission.expected("/work") == pytest.approx(0.3, abs=0.1)
+
+
+def test_aiohttp_a_websocket_holds_no_turn() -> None:
+    """A WebSocket session is not a request at work: with limit=1 and a session open, a
+    plain GET is served at once, and the session's length is not learned."""
+    from aiohttp import web
+
+    from deadlines.aiohttp_web import DeadlineMiddleware
+
+    admission = Admission(min_samples=1)
+    gate = Gate(limit=1, admission=admission)
+
+    async def session(request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse()
+        await ws.prepare(request)
+        async for _ in ws:
+            pass
+        return ws
+
+    async def plain(request: web.Request) -> web.Response:
+        return web.Response(text="done")
+
+    async def talk(url: str) -> tuple[int, float]:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as client, client.ws_connect(f"{url}/ws") as ws:
+            started = time.monotonic()
+            async with client.get(f"{url}/plain", headers=ms(2000)) as response:
+                status = response.status
+            took = time.monotonic() - started
+            await ws.close()
+        return status, took
+
+    app = web.Application(middlewares=[DeadlineMiddleware(default=5.0, maximum=30.0, gate=gate)])
+    app.router.add_get("/ws", session)
+    app.router.add_get("/plain", plain)
+    with serve_aiohttp(app) as url:
+        status, took = asyncio.run(talk(url))
+        _until(lambda: gate.busy == 0, "the GET's turn given back")
+    assert status == 200 and took < 1.0
+    assert admission.expected("/ws") is None
+
+
+def test_aiohttp_a_body_made_later_is_made_in_the_turn() -> None:
+    """``web.Response(body=agen())``: the body is made before the turn is given back, so
+    the limit holds for it (never two at once with limit=1) and its time is learned."""
+    from aiohttp import web
+
+    from deadlines.aiohttp_web import DeadlineMiddleware
+
+    admission = Admission(min_samples=1)
+    gate = Gate(limit=1, admission=admission)
+    running: list[int] = [0, 0]  # now, most at once
+
+    async def body() -> Any:
+        running[0] += 1
+        running[1] = max(running)
+        try:
+            await asyncio.sleep(0.3)
+            yield b"done"
+        finally:
+            running[0] -= 1
+
+    async def made_later(request: web.Request) -> web.Response:
+        return web.Response(body=body())
+
+    app = web.Application(middlewares=[DeadlineMiddleware(default=5.0, maximum=30.0, gate=gate)])
+    app.router.add_get("/later", made_later)
+    with serve_aiohttp(app) as url:
+
+        async def four() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=10.0) as client:
+                return await asyncio.gather(*(client.get(f"{url}/later") for _ in range(4)))
+
+        responses = asyncio.run(four())
+    assert [r.status_code for r in responses] == [200] * 4
+    assert all(r.content == b"done" for r in responses)
+    assert running[1] == 1
+    assert admission.expected("/later") == pytest.approx(0.3, abs=0.1)

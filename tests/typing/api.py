@@ -77,7 +77,7 @@ async def gate() -> None:
         codel=deadlines.CoDel(target=0.05, interval=0.5),
         lifo=True,
     )
-    refusal: deadlines.Refusal | None = await gate.enter("/quote", 0.0, 1.0)
+    refusal: deadlines.GateRefusal | None = await gate.enter("/quote", 0.0, 1.0)
     if refusal is not None:
         reason: deadlines.GateReason = refusal.reason
         status: int = refusal.status

@@ -14,7 +14,7 @@ from .. import _clock, _inbound
 from .._alarms import clock_for
 from .._errors import DeadlineExceeded
 from .._events import RequestOutcome
-from .._gate import Gate, Refusal
+from .._gate import Gate, GateRefusal
 from .._inbound import Limits
 from .._request import Request, answer_outcome, deadline_outcome
 from .._scope import exceeded
@@ -65,7 +65,7 @@ class Exchange(Request):
     cancels = 0
     active = True
     queued = False  # waiting in the middleware's gate: a deadline then is "late"
-    refusal: Refusal | None = None  # what the gate refused the request with
+    refusal: GateRefusal | None = None  # what the gate refused the request with
     may_read_ahead = True
 
     def __init__(
@@ -173,11 +173,18 @@ class Exchange(Request):
             return refusal.outcome
         self.queued = False
         started = _clock.now()
+        learn = False
         try:
             await app(scope, self.receive, self.send)
+            learn = self.caller_left is None and self._answered_ok()
         finally:
-            gate.leave(self.route, started)
+            gate.leave(self.route, started, learn=learn)
         return "ok"
+
+    def _answered_ok(self) -> bool:
+        """The app answered, and not with a server error (a service time worth learning)."""
+        start = self._start
+        return start is not None and answer_outcome(start.get("status", 200)) == "ok"
 
     async def answer_timeout(self, scope: Scope, limits_: Limits) -> None:
         mw = self._mw

@@ -12,6 +12,7 @@ from typing import Any
 from .. import _clock, _events, _inbound, _loop, _validate, wire
 from .._events import RequestOutcome
 from .._gate import Gate
+from .._gate import expired as gate_expired
 from .._inbound import Limits
 from .._scope import running_trio
 from ._exchange import ASGIApp, Exchange, Receive, Scope, Send, Sweeper
@@ -49,6 +50,8 @@ class DeadlineMiddleware:
             what cannot be answered in time (503 with ``Retry-After``; 504 for a
             deadline that passed while the request waited) and queues requests beyond
             its limit. None (the default): every request goes straight to the app.
+            WebSocket scopes bypass it, as they bypass the deadline: a session would
+            hold a turn for its whole length.
     """
 
     def __init__(
@@ -169,7 +172,7 @@ class DeadlineMiddleware:
             if exchange.queued and outcome in ("deadline", "budget_exhausted"):
                 outcome = "late"  # the deadline passed while it waited in the gate
                 if exchange.refusal is None and self.gate is not None:
-                    self.gate.expired(label)
+                    gate_expired(label)
             if error is exc:
                 raise
             if error is not None:
