@@ -58,13 +58,6 @@ class GateRefusal:
         return f"GateRefusal({self.reason!r}, retry_after={self.retry_after})"
 
 
-def expired(route: str) -> None:
-    """For the middlewares: a request on `route` left a gate's queue because its
-    deadline passed (its middleware's timer cancelled it): report it as refused, late."""
-    if _events.observers:
-        _events.emit(RequestRefused(route, "late"))
-
-
 class _Waiter:
     """A request in the queue: when it arrived, and the future its turn resolves."""
 

@@ -9,7 +9,8 @@ and keeps only its framework's input and output. The request owns:
   callback, for middlewares that arm only requests still running after a while);
 - the caller leaving (`left`), the 504's body (`timeout_body`) and the outcome of a
   deadline error (`deadline_outcome`);
-- its two events, `RequestStarted` when made and `RequestFinished` once (`finish`).
+- its two events, `RequestStarted` when made and `RequestFinished` once (`finish`);
+- its pass through a `Gate`, if the middleware has one (`through`, `late_in_gate`).
 
 Standard library only, so the WSGI middleware stays dependency-free.
 """
@@ -18,12 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from . import _alarms, _clock, _events, _inbound, _loop, wire
 from ._errors import BudgetExhausted, CallerLeft, DeadlineExceeded
-from ._events import RequestOutcome
+from ._events import RequestOutcome, RequestRefused
+from ._gate import Gate, GateRefusal
 from ._inbound import Limits
 from ._scope import Canceller, Frame, exceeded, frame_var
 
@@ -59,6 +61,8 @@ class Request:
     canceller: Canceller | None = None  # the armed trio timer (its `cancel_scope`)
     _token: contextvars.Token[Frame | None] | None = None
     _reported = False
+    queued = False  # waiting in a gate: a deadline then is "late" (`late_in_gate`)
+    refusal: GateRefusal | None = None  # what the gate refused the request with
 
     def __init__(self, route: str, budget: float, arrived: float) -> None:
         self.route, self.budget, self.arrived = route, budget, arrived
@@ -153,6 +157,36 @@ class Request:
             budget=self.budget,
             elapsed=_clock.now() - self.arrived,
         )
+
+    async def through(self, gate: Gate, work: Callable[[], Awaitable[bool]]) -> GateRefusal | None:
+        """Await `work()` once `gate` lets the request through; `work` says whether its
+        service time is worth learning (an answer, not a server error, its caller still
+        there). The gate's refusal instead, kept in `refusal`: the work never ran, and
+        the middleware answers it."""
+        assert self.frame is not None
+        self.queued = True
+        refusal = await gate.enter(self.route, self.arrived, self.frame.at)
+        if refusal is not None:  # still `queued`: the deadline passing now is late
+            self.refusal = refusal
+            return refusal
+        self.queued = False
+        started = _clock.now()
+        learn = False
+        try:
+            learn = await work()
+        finally:
+            gate.leave(self.route, started, learn=learn)
+        return None
+
+    def late_in_gate(self) -> bool:
+        """Whether the deadline that ended the request passed while it waited in a gate:
+        its outcome is then "late", and it is reported as refused, unless the gate
+        refused it itself (and reported it)."""
+        if not self.queued:
+            return False
+        if self.refusal is None and _events.observers:
+            _events.emit(RequestRefused(self.route, "late"))
+        return True
 
     def finish(self, outcome: RequestOutcome) -> None:
         """Emit `RequestFinished` with `outcome`, unless it was emitted already."""

@@ -40,8 +40,7 @@ from ._alarms import clock_for
 from ._errors import DeadlineExceeded
 from ._events import RequestOutcome
 from ._extras import missing
-from ._gate import Gate, GateRefusal
-from ._gate import expired as gate_expired
+from ._gate import Gate
 from ._inbound import UNMATCHED, Limits, RouteTable, header_name, limits, limits_of
 from ._private.aiohttp_web import ended, headers_held, on_prepare
 from ._request import Request, answer_outcome, budget, deadline_outcome
@@ -141,10 +140,8 @@ class DeadlineMiddleware:
                 raise
             except DeadlineExceeded as exc:
                 outcome = deadline_outcome(exc)
-                if watch.queued:  # passed while it waited in the gate: the handler never ran
+                if watch.late_in_gate():  # passed while it waited: the handler never ran
                     outcome = "late"
-                    if watch.refusal is None and self._gate is not None:
-                        gate_expired(watch.route)
                 if not _response_started(request):
                     return self._timeout(watch, headers, limits_)
                 if not _delivered(request):
@@ -225,29 +222,26 @@ class DeadlineMiddleware:
         assert gate is not None
 
         async def gated(request: web.Request) -> web.StreamResponse:
-            assert watch.frame is not None
-            watch.queued = True
-            refusal = await gate.enter(watch.route, watch.arrived, watch.frame.at)
-            if refusal is not None:  # still `queued`: the deadline passing now is late
-                watch.refusal = refusal
-                if refusal.status == 504:
-                    return self._timeout(watch, headers, limits_)
-                return web.Response(
-                    status=refusal.status,
-                    body=refusal.body(),
-                    content_type="application/json",
-                    headers={"cache-control": "no-store", "retry-after": str(refusal.retry_after)},
-                )
-            watch.queued = False
-            started = _clock.now()
-            learn = False
-            try:
+            response: web.StreamResponse | None = None
+
+            async def work() -> bool:
+                nonlocal response
                 response = await handler(request)
                 await watch.complete(response)  # a body made later is work in the turn
-                learn = watch.caller_left is None and answer_outcome(response.status) == "ok"
+                return watch.caller_left is None and answer_outcome(response.status) == "ok"
+
+            refusal = await watch.through(gate, work)
+            if refusal is None:
+                assert response is not None
                 return response
-            finally:
-                gate.leave(watch.route, started, learn=learn)
+            if refusal.status == 504:
+                return self._timeout(watch, headers, limits_)
+            return web.Response(
+                status=refusal.status,
+                body=refusal.body(),
+                content_type="application/json",
+                headers={"cache-control": "no-store", "retry-after": str(refusal.retry_after)},
+            )
 
         return gated
 
@@ -378,10 +372,6 @@ class _Poller:
 class _Watch(Request):
     """One request's deadline (`Request`): runs the handler under it and cancels it when
     the connection is lost (a WebSocket's request is reported at its upgrade)."""
-
-    # Set only behind a gate (`DeadlineMiddleware._gated`): class-level defaults.
-    queued = False  # waiting in the gate: a deadline then is "late"
-    refusal: GateRefusal | None = None  # what the gate refused the request with
 
     def __init__(
         self, route: str, budget: float, started: float, request: web.Request, poller: _Poller

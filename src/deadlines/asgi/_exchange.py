@@ -14,7 +14,7 @@ from .. import _clock, _inbound
 from .._alarms import clock_for
 from .._errors import DeadlineExceeded
 from .._events import RequestOutcome
-from .._gate import Gate, GateRefusal
+from .._gate import Gate
 from .._inbound import Limits
 from .._request import Request, answer_outcome, deadline_outcome
 from .._scope import exceeded
@@ -64,8 +64,6 @@ class Exchange(Request):
     trio_sweeper: TrioSweeper | None = None  # under trio: registered with, until the end
     cancels = 0
     active = True
-    queued = False  # waiting in the middleware's gate: a deadline then is "late"
-    refusal: GateRefusal | None = None  # what the gate refused the request with
     may_read_ahead = True
 
     def __init__(
@@ -153,33 +151,27 @@ class Exchange(Request):
         await self.answer_gone()
         return "caller_left", None
 
-    async def through(
+    async def gated(
         self, gate: Gate, app: ASGIApp, scope: Scope, limits_: Limits
     ) -> RequestOutcome:
         """Run `app` once `gate` lets the request through, else answer the refusal
         (the app never sees a refused request); the outcome so far."""
-        assert self.frame is not None
-        self.queued = True
-        refusal = await gate.enter(self.route, self.arrived, self.frame.at)
-        if refusal is not None:  # still `queued`: the deadline passing now is late
-            self.refusal = refusal
-            if refusal.status == 504:
-                await self.answer_timeout(scope, limits_)
-            else:
-                body = refusal.body()
-                headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode()),
-                           (b"retry-after", str(refusal.retry_after).encode())]  # fmt: skip
-                await self._answer(refusal.status, headers, body)
-            return refusal.outcome
-        self.queued = False
-        started = _clock.now()
-        learn = False
-        try:
+
+        async def work() -> bool:
             await app(scope, self.receive, self.send)
-            learn = self.caller_left is None and self._answered_ok()
-        finally:
-            gate.leave(self.route, started, learn=learn)
-        return "ok"
+            return self.caller_left is None and self._answered_ok()
+
+        refusal = await self.through(gate, work)
+        if refusal is None:
+            return "ok"
+        if refusal.status == 504:
+            await self.answer_timeout(scope, limits_)
+        else:
+            body = refusal.body()
+            headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode()),
+                       (b"retry-after", str(refusal.retry_after).encode())]  # fmt: skip
+            await self._answer(refusal.status, headers, body)
+        return refusal.outcome
 
     def _answered_ok(self) -> bool:
         """The app answered, and not with a server error (a service time worth learning)."""

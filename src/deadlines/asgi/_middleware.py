@@ -12,7 +12,6 @@ from typing import Any
 from .. import _clock, _events, _inbound, _loop, _validate, wire
 from .._events import RequestOutcome
 from .._gate import Gate
-from .._gate import expired as gate_expired
 from .._inbound import Limits
 from .._scope import running_trio
 from ._exchange import ASGIApp, Exchange, Receive, Scope, Send, Sweeper
@@ -165,14 +164,12 @@ class DeadlineMiddleware:
             if self.gate is None:
                 await self.app(scope, exchange.receive, exchange.send)
             else:
-                outcome = await exchange.through(self.gate, self.app, scope, limits_)
+                outcome = await exchange.gated(self.gate, self.app, scope, limits_)
         except BaseException as exc:
             outcome = "error"  # should settling it fail too
             outcome, error = await exchange.failed(exc, scope, limits_)
-            if exchange.queued and outcome in ("deadline", "budget_exhausted"):
+            if outcome in ("deadline", "budget_exhausted") and exchange.late_in_gate():
                 outcome = "late"  # the deadline passed while it waited in the gate
-                if exchange.refusal is None and self.gate is not None:
-                    gate_expired(label)
             if error is exc:
                 raise
             if error is not None:
