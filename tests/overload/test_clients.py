@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 
 import anyio
 import pytest
@@ -30,15 +29,6 @@ from deadlines.lab.servers import Connection, HealthyServer, SlowServer, respons
 pytestmark = pytest.mark.realtime
 
 QUICK = Retry(attempts=3, backoff=0.001, jitter=False)
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    """Every event reported during the test."""
-    seen: list[Event] = []
-    unsubscribe = deadlines.observe(seen.append)
-    yield seen
-    unsubscribe()
 
 
 def refusals(events: list[Event]) -> list[str]:

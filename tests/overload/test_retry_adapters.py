@@ -7,7 +7,6 @@ call (urllib) as the user's attempt.
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
 from urllib.error import HTTPError
 
 import pytest
@@ -18,15 +17,6 @@ from deadlines import AttemptRefused, Dependency, Event, Retry, RetryBudget, ret
 from deadlines.lab.servers import HealthyServer
 
 QUICK = Retry(attempts=3, backoff=0.001, jitter=False)
-
-
-@pytest.fixture
-def events() -> Iterator[list[Event]]:
-    """Every event reported during the test."""
-    seen: list[Event] = []
-    unsubscribe = deadlines.observe(seen.append)
-    yield seen
-    unsubscribe()
 
 
 def refusals(events: list[Event]) -> list[tuple[str, str]]:
