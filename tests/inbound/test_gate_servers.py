@@ -110,6 +110,19 @@ def _until(predicate: Callable[[], bool], what: str, timeout: float = 5.0) -> No
         time.sleep(0.005)
 
 
+@contextlib.contextmanager
+def _holding(client: httpx.Client, url: str, gate: Gate, ms: int, id: str = "A") -> Iterator[None]:
+    """A request of `ms` at work in `gate`'s one turn (from another thread) while the
+    block runs; then its end, and the turn given back."""
+    params: dict[str, str | int] = {"ms": ms, "id": id}
+    holder = threading.Thread(target=client.get, args=(f"{url}/work",), kwargs={"params": params})
+    holder.start()
+    _until(lambda: gate.busy == 1, "the first request at work")
+    yield
+    holder.join(5)
+    _until(lambda: gate.busy == 0, "the turn given back")
+
+
 def _learn(url: str, service_ms: int, times: int = 3) -> None:
     for i in range(times):
         response = httpx.get(f"{url}/work", params={"ms": service_ms, "id": f"learn{i}"})
@@ -150,18 +163,11 @@ def test_deadline_passing_in_the_queue_is_late(serve: Serve, calls: Calls, event
     """Queued behind a long request, the deadline passes: 504 at the deadline, no app
     call, the queue left at once, outcome "late"."""
     gate = Gate(limit=1)
-    with serve(gate) as url, httpx.Client() as client:
-        holder = threading.Thread(
-            target=client.get, args=(f"{url}/work",), kwargs={"params": {"ms": 1500, "id": "A"}}
-        )
-        holder.start()
-        _until(lambda: gate.busy == 1, "the first request at work")
+    with serve(gate) as url, httpx.Client() as client, _holding(client, url, gate, 1500):
         started = time.monotonic()
         late = client.get(f"{url}/work", params={"id": "B"}, headers=ms(350))
         took = time.monotonic() - started
         assert gate.waiting == 0 and gate.busy == 1
-        holder.join(5)
-        _until(lambda: gate.busy == 0, "the turn given back")
     assert late.status_code == 504 and late.json()["error"] == "deadline exceeded"
     assert took < 1.0  # at its deadline, not when the first request ended
     assert calls.ids == ["A"]
@@ -173,12 +179,7 @@ def test_deadline_passing_in_the_queue_is_late(serve: Serve, calls: Calls, event
 def test_caller_leaving_leaves_the_queue(serve: Serve, calls: Calls, events: Events) -> None:
     """A waiting request whose caller hangs up leaves the queue at once; no app call."""
     gate = Gate(limit=1)
-    with serve(gate) as url, httpx.Client() as client:
-        holder = threading.Thread(
-            target=client.get, args=(f"{url}/work",), kwargs={"params": {"ms": 2000, "id": "A"}}
-        )
-        holder.start()
-        _until(lambda: gate.busy == 1, "the first request at work")
+    with serve(gate) as url, httpx.Client() as client, _holding(client, url, gate, 2000):
         port = int(url.rsplit(":", 1)[1])
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(b"GET /work?id=B HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -186,8 +187,6 @@ def test_caller_leaving_leaves_the_queue(serve: Serve, calls: Calls, events: Eve
         left = time.monotonic()
         _until(lambda: gate.waiting == 0, "the queue left", timeout=1.5)
         assert time.monotonic() - left < 1.0 and gate.busy == 1
-        holder.join(5)
-        _until(lambda: gate.busy == 0, "the turn given back")
     assert calls.ids == ["A"]
     assert {e.outcome for e in events.wait_finished(2)} == {"caller_left", "ok"}
 
@@ -285,14 +284,8 @@ def test_metrics_count_late_and_shed(serve: Serve) -> None:
     with prometheus.install(registry), serve(gate) as url, httpx.Client() as client:
         _learn(url, 300)
         assert client.get(f"{url}/work", headers=ms(250)).status_code == 503
-        holder = threading.Thread(
-            target=client.get, args=(f"{url}/work",), kwargs={"params": {"ms": 1000}}
-        )
-        holder.start()
-        _until(lambda: gate.busy == 1, "a request at work")
-        assert client.get(f"{url}/work", headers=ms(600)).status_code == 504
-        holder.join(5)
-        _until(lambda: gate.busy == 0, "the turn given back")
+        with _holding(client, url, gate, 1000, id="-"):
+            assert client.get(f"{url}/work", headers=ms(600)).status_code == 504
         value = registry.get_sample_value
         name = "deadlines_inbound_requests_total"
         assert value(name, {"route": "/work", "outcome": "shed"}) == 1
