@@ -31,6 +31,19 @@ async def _queue(
     return task
 
 
+async def _burst(gate: Gate, clock: FakeClock, count: int) -> list[GateRefusal | None]:
+    """One request at work and `count` queued behind it, each served in 40 ms: what
+    each queued one got."""
+    now = clock.now()
+    assert await gate.enter("/r", now, now + 60) is None
+    burst = [await _queue(gate, "/r", now, now + 60) for _ in range(count)]
+    for _ in burst:
+        clock.advance(0.04)
+        gate.leave("/r", now)
+        await asyncio.sleep(0)
+    return [t.result() for t in burst]
+
+
 def _learned(service_time: float) -> Admission:
     admission = Admission(min_samples=1, rejection_budget=1.0)
     admission.observe("/r", service_time)
@@ -177,14 +190,7 @@ async def test_codel_sheds_a_standing_queue_and_serves_newest_first(clock: FakeC
 async def test_codel_sheds_nothing_for_a_short_burst(clock: FakeClock) -> None:
     """A burst that drains within the interval: every request is served."""
     gate = Gate(limit=1, codel=CoDel(target=0.05, interval=0.5))
-    now = clock.now()
-    assert await gate.enter("/r", now, now + 60) is None
-    burst = [await _queue(gate, "/r", now, now + 60) for _ in range(5)]
-    for _ in burst:
-        clock.advance(0.04)
-        gate.leave("/r", now)
-        await asyncio.sleep(0)
-    assert [t.result() for t in burst] == [None] * 5
+    assert await _burst(gate, clock, 5) == [None] * 5
 
 
 async def test_the_rejection_budget_caps_arrival_refusals(clock: FakeClock) -> None:
@@ -303,14 +309,7 @@ async def test_codel_forgets_an_overload_after_an_idle_interval(clock: FakeClock
     assert codel.shed(0.1) and codel.overloaded  # and the next one too
     clock.advance(0.5)
     clock.advance(1.2)  # idle
-    now = clock.now()
-    assert await gate.enter("/r", now, now + 60) is None
-    burst = [await _queue(gate, "/r", now, now + 60) for _ in range(3)]
-    for _ in burst:
-        clock.advance(0.04)
-        gate.leave("/r", now)
-        await asyncio.sleep(0)
-    assert [t.result() for t in burst] == [None] * 3
+    assert await _burst(gate, clock, 3) == [None] * 3
     assert not codel.overloaded
 
 
